@@ -1,0 +1,1 @@
+"""Generated checkpoints: `epd make-tiny-model` writes complete, randomly drawn model directories."""
