@@ -1,0 +1,48 @@
+"""Encoder side, in process: the owned image processor, then the vision tower + projector in one batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from epd.models.loading import EncoderModel
+from epd.models.registry import ImageTensors
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image's encoder output: all that the language side needs, no pixels, no processor."""
+
+    tensors: ImageTensors  # e.g. {"pooler_output": [N, H]} (+ "deepstack.k": [N, H] for Qwen3-VL)
+    grid_thw: tuple[int, int, int]  # patch grid before spatial merge
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tensors["pooler_output"].shape[0])
+
+
+class ImageEncoder:
+    """Runs a batch of images through the processor it owns and the vision side of the model."""
+
+    def __init__(self, encoder: EncoderModel) -> None:
+        if encoder.image_processor is None:  # load_encoder never allows this; keep the invariant loud
+            raise ValueError(f"{encoder.model_dir}: an encoder needs an image processor")
+        self.encoder = encoder
+
+    @torch.inference_mode()
+    def encode(self, images: list[Image.Image]) -> list[EncodedImage]:
+        if not images:
+            return []
+        inputs = self.encoder.image_processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
+        grids = inputs["image_grid_thw"]  # [num_images, 3]
+        output = self.encoder.model.get_image_features(
+            pixel_values=inputs["pixel_values"], image_grid_thw=grids, return_dict=True
+        )
+        per_image = self.encoder.adapter.split_output(output, len(images))
+        return [
+            EncodedImage(tensors={k: v.contiguous() for k, v in tensors.items()},
+                         grid_thw=tuple(int(x) for x in grid))
+            for tensors, grid in zip(per_image, grids.tolist(), strict=True)
+        ]
