@@ -70,6 +70,7 @@ def load_language_model(model_dir: str | Path, dtype: torch.dtype | None = None)
 
 def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype | None) -> torch.nn.Module:
     cls = role_class(adapter, role)
+    hf_logging.disable_progress_bar()
     previous = hf_logging.get_verbosity()
     # The other role's keys are reported as UNEXPECTED on every load; that is the point, not news.
     hf_logging.set_verbosity_error()

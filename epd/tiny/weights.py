@@ -2,7 +2,8 @@
 
 At transformers' default initialisation (std 0.02) these small models collapse onto one token and
 repeat it forever; an equality test on such output could not fail. Drawing every matrix at roughly
-unit-variance scale (std = 1.5 / sqrt(fan_in)) keeps activations alive through the layers.
+unit-variance scale (std = 2 / sqrt(fan_in)) keeps activations alive through the layers; at 1.5
+the Kimi family still fell into repeats after ~10 tokens, at 2.0 40 greedy tokens are nearly all distinct.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-_GAIN = 1.5
+_GAIN = 2.0
 
 
 @torch.no_grad()

@@ -11,6 +11,9 @@ from epd.tiny.families import FAMILIES, SIZES
 from epd.tiny.tokenizer import build_tokenizer
 from epd.tiny.weights import redraw_weights
 
+# Bump when the generated weights or files change, so cached demo checkpoints are regenerated.
+FORMAT_VERSION = 1
+
 
 def make_tiny_model(family: str, size: str, out: str | Path, seed: int = 0) -> Path:
     """Write config, safetensors, tokenizer, processor configs and chat template into `out`."""
@@ -30,7 +33,9 @@ def make_tiny_model(family: str, size: str, out: str | Path, seed: int = 0) -> P
     processor = spec.make_processor(size, tokenizer)
 
     from transformers import AutoModelForImageTextToText, GenerationConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
     model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     redraw_weights(model, seed)
@@ -46,6 +51,6 @@ def make_tiny_model(family: str, size: str, out: str | Path, seed: int = 0) -> P
 
 def _write_provenance(out: Path, family: str, size: str, seed: int, model: torch.nn.Module) -> None:
     """A small record of how the directory was made, so a cached demo checkpoint can be checked."""
-    info = {"family": family, "size": size, "seed": seed,
+    info = {"family": family, "size": size, "seed": seed, "format": FORMAT_VERSION,
             "parameters": sum(p.numel() for p in model.parameters()), "generator": "epd make-tiny-model"}
     (out / "epd_tiny_model.json").write_text(json.dumps(info, indent=2) + "\n")
