@@ -66,8 +66,13 @@ def _run_generate(args) -> int:
         return 2
     from epd.demo import demo_model_dir
     from epd.engine.pipeline import InProcessPipeline
+    from epd.models.errors import ModelLoadError
 
-    pipeline = InProcessPipeline(args.model or demo_model_dir())
+    try:
+        pipeline = InProcessPipeline(args.model or demo_model_dir())
+    except (ModelLoadError, ValueError) as exc:
+        print(f"epd generate: {exc}", file=sys.stderr)
+        return 1
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": [{"type": "image"} for _ in images] + [{"type": "text", "text": args.prompt}]}
     ]
