@@ -40,8 +40,14 @@ def _tokenizer():
 
 @pytest.fixture(scope="module")
 def plain_dir(tmp_path_factory) -> str:
-    from transformers import (GenerationConfig, Qwen2VLImageProcessorPil, Qwen3VLMoeConfig,
-                              Qwen3VLMoeForConditionalGeneration, Qwen3VLProcessor, Qwen3VLVideoProcessor)
+    from transformers import (
+        GenerationConfig,
+        Qwen2VLImageProcessorPil,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
+        Qwen3VLProcessor,
+        Qwen3VLVideoProcessor,
+    )
 
     out = tmp_path_factory.mktemp("plain_qwen")
     tok = _tokenizer()
