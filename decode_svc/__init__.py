@@ -1,0 +1,1 @@
+"""Decode service: takes over the KV cache and streams tokens (next issue)."""

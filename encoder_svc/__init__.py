@@ -1,0 +1,1 @@
+"""Encoder service: owns the image processor and the vision tower; answers Encode (next issue)."""
