@@ -61,3 +61,17 @@ def test_generate_rejects_a_missing_image_file(tiny_dirs, tmp_path):
                    "--prompt", "hi")
     assert proc.returncode == 2
     assert "image file not found" in proc.stderr
+
+
+def test_readme_demo_command_runs_on_a_fresh_cache(tmp_path):
+    """The README's first command: no --model, so the demo checkpoint is generated, cached, reused."""
+    args = ("generate", "--image", "deploy/demo/house.png", "--prompt", "What is in this picture?", "--json")
+    env = {"EPD_CACHE_DIR": str(tmp_path / "cache")}
+    first = run_epd(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    cached = list((tmp_path / "cache" / "models").iterdir())
+    assert [p.name for p in cached] == ["kimi_k25-tiny-seed0"]
+    second = run_epd(*args, env=env)
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
+    assert len(json.loads(first.stdout)["token_ids"]) == 32
