@@ -18,5 +18,5 @@ def count_images(messages: list[dict]) -> int:
         for m in messages
         if not isinstance(m.get("content"), str)
         for part in m.get("content") or []
-        if part.get("type") in ("image", "image_url")
+        if isinstance(part, dict) and part.get("type") in ("image", "image_url")
     )

@@ -52,6 +52,8 @@ def mrope_plan(num_tokens: int, images: list[ImageSpan], spatial_merge: int) -> 
     cursor = 0  # next token index
     position = 0  # running position id
     for start, grid in sorted(images):
+        if start < 0:
+            raise ValueError(f"image start index must be >= 0, got {start}")
         if start < cursor:
             raise ValueError(f"image at token {start} overlaps the previous image (ends at {cursor})")
         pieces.append(_text_rows(position, start - cursor))
