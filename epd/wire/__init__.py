@@ -1,0 +1,1 @@
+"""Wire encoding of domain values: tensors to and from `epd.v1` messages."""
