@@ -24,35 +24,35 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/common.proto\x12\x06\x65pd.v1\"G\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1c\n\x05\x64type\x18\x02 \x01(\x0e\x32\r.epd.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"8\n\x06Tensor\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa0\x01\n\x0eTransferHandle\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x17.epd.v1.TransferBackend\x12\x11\n\thandle_id\x18\x02 \x01(\t\x12\x15\n\rowner_address\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x05 \x01(\x03\x12\x10\n\x08shm_name\x18\x06 \x01(\t\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x03\x42\x07\n\x05_seed\"\xc5\x01\n\x0c\x45mbeddingRef\x12\x14\n\x0cimage_digest\x18\x01 \x01(\t\x12\x18\n\x10num_image_tokens\x18\x02 \x01(\x05\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.epd.v1.TensorMeta\x12\x10\n\x08grid_thw\x18\x04 \x03(\x03\x12&\n\x06handle\x18\x05 \x01(\x0b\x32\x16.epd.v1.TransferHandle\x12&\n\x0einline_tensors\x18\x06 \x03(\x0b\x32\x0e.epd.v1.Tensor\"\xa4\x01\n\x05KvRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12#\n\x07tensors\x18\x05 \x03(\x0b\x32\x12.epd.v1.TensorMeta\x12&\n\x06handle\x18\x06 \x01(\x0b\x32\x16.epd.v1.TransferHandle\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"R\n\x0b\x45rrorDetail\x12\x1f\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x11.epd.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*\xcf\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x12\x11\n\rDTYPE_FLOAT64\x10\x08\x12\x0e\n\nDTYPE_INT8\x10\t\x12\x0f\n\x0b\x44TYPE_INT16\x10\n*\x83\x01\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x19\n\x15TRANSFER_BACKEND_GRPC\x10\x01\x12\x18\n\x14TRANSFER_BACKEND_SHM\x10\x02\x12\x19\n\x15TRANSFER_BACKEND_NCCL\x10\x03*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04*\xdc\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x03\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x04\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x05\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x06\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/common.proto\x12\x06\x65pd.v1\"G\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1c\n\x05\x64type\x18\x02 \x01(\x0e\x32\r.epd.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"8\n\x06Tensor\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xa8\x01\n\x0eTransferHandle\x12(\n\x07\x62\x61\x63kend\x18\x01 \x01(\x0e\x32\x17.epd.v1.TransferBackend\x12\x11\n\thandle_id\x18\x02 \x01(\t\x12\x15\n\rowner_address\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x14\n\x0clease_ttl_ms\x18\x05 \x01(\x03\x12\x18\n\x10shm_segment_name\x18\x06 \x01(\t\"\xad\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x05 \x01(\x05\x12\x12\n\nignore_eos\x18\x06 \x01(\x08\x12\x0c\n\x04stop\x18\x07 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x08 \x03(\x05\x42\x07\n\x05_seed\"\xc5\x01\n\x0c\x45mbeddingRef\x12\x14\n\x0cimage_digest\x18\x01 \x01(\t\x12\x18\n\x10num_image_tokens\x18\x02 \x01(\x05\x12#\n\x07tensors\x18\x03 \x03(\x0b\x32\x12.epd.v1.TensorMeta\x12\x10\n\x08grid_thw\x18\x04 \x03(\x03\x12&\n\x06handle\x18\x05 \x01(\x0b\x32\x16.epd.v1.TransferHandle\x12&\n\x0einline_tensors\x18\x06 \x03(\x0b\x32\x0e.epd.v1.Tensor\"\xbc\x01\n\x05KvRef\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x12\n\nblock_size\x18\x03 \x01(\x05\x12\x12\n\nnum_layers\x18\x04 \x01(\x05\x12#\n\x07tensors\x18\x05 \x03(\x0b\x32\x12.epd.v1.TensorMeta\x12&\n\x06handle\x18\x06 \x01(\x0b\x32\x16.epd.v1.TransferHandle\x12\x16\n\x0eposition_delta\x18\x07 \x01(\x03\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\"R\n\x0b\x45rrorDetail\x12\x1f\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x11.epd.v1.ErrorCode\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x11\n\tretryable\x18\x03 \x01(\x08*\xff\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x11\n\rDTYPE_FLOAT16\x10\x02\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x03\x12\x0f\n\x0b\x44TYPE_INT64\x10\x04\x12\x0f\n\x0b\x44TYPE_INT32\x10\x05\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x12\x11\n\rDTYPE_FLOAT64\x10\x08\x12\x0f\n\x0b\x44TYPE_INT16\x10\t\x12\x0e\n\nDTYPE_INT8\x10\n\x12\x17\n\x13\x44TYPE_FLOAT8_E4M3FN\x10\x0b\x12\x15\n\x11\x44TYPE_FLOAT8_E5M2\x10\x0c*\x83\x01\n\x0fTransferBackend\x12 \n\x1cTRANSFER_BACKEND_UNSPECIFIED\x10\x00\x12\x19\n\x15TRANSFER_BACKEND_GRPC\x10\x01\x12\x18\n\x14TRANSFER_BACKEND_SHM\x10\x02\x12\x19\n\x15TRANSFER_BACKEND_NCCL\x10\x03*\xf6\x01\n\tErrorCode\x12\x1a\n\x16\x45RROR_CODE_UNSPECIFIED\x10\x00\x12\x1f\n\x1b\x45RROR_CODE_INVALID_ARGUMENT\x10\x01\x12!\n\x1d\x45RROR_CODE_RESOURCE_EXHAUSTED\x10\x02\x12\x1a\n\x16\x45RROR_CODE_UNAVAILABLE\x10\x03\x12 \n\x1c\x45RROR_CODE_DEADLINE_EXCEEDED\x10\x04\x12\x18\n\x14\x45RROR_CODE_CANCELLED\x10\x05\x12\x18\n\x14\x45RROR_CODE_NOT_FOUND\x10\x06\x12\x17\n\x13\x45RROR_CODE_INTERNAL\x10\x07*\x95\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=1012
-  _globals['_DTYPE']._serialized_end=1219
-  _globals['_TRANSFERBACKEND']._serialized_start=1222
-  _globals['_TRANSFERBACKEND']._serialized_end=1353
-  _globals['_FINISHREASON']._serialized_start=1356
-  _globals['_FINISHREASON']._serialized_end=1505
-  _globals['_ERRORCODE']._serialized_start=1508
-  _globals['_ERRORCODE']._serialized_end=1728
+  _globals['_DTYPE']._serialized_start=1044
+  _globals['_DTYPE']._serialized_end=1299
+  _globals['_TRANSFERBACKEND']._serialized_start=1302
+  _globals['_TRANSFERBACKEND']._serialized_end=1433
+  _globals['_ERRORCODE']._serialized_start=1436
+  _globals['_ERRORCODE']._serialized_end=1682
+  _globals['_FINISHREASON']._serialized_start=1685
+  _globals['_FINISHREASON']._serialized_end=1834
   _globals['_TENSORMETA']._serialized_start=31
   _globals['_TENSORMETA']._serialized_end=102
   _globals['_TENSOR']._serialized_start=104
   _globals['_TENSOR']._serialized_end=160
   _globals['_TRANSFERHANDLE']._serialized_start=163
-  _globals['_TRANSFERHANDLE']._serialized_end=323
-  _globals['_SAMPLINGPARAMS']._serialized_start=326
-  _globals['_SAMPLINGPARAMS']._serialized_end=499
-  _globals['_EMBEDDINGREF']._serialized_start=502
-  _globals['_EMBEDDINGREF']._serialized_end=699
-  _globals['_KVREF']._serialized_start=702
-  _globals['_KVREF']._serialized_end=866
-  _globals['_USAGE']._serialized_start=868
-  _globals['_USAGE']._serialized_end=925
-  _globals['_ERRORDETAIL']._serialized_start=927
-  _globals['_ERRORDETAIL']._serialized_end=1009
+  _globals['_TRANSFERHANDLE']._serialized_end=331
+  _globals['_SAMPLINGPARAMS']._serialized_start=334
+  _globals['_SAMPLINGPARAMS']._serialized_end=507
+  _globals['_EMBEDDINGREF']._serialized_start=510
+  _globals['_EMBEDDINGREF']._serialized_end=707
+  _globals['_KVREF']._serialized_start=710
+  _globals['_KVREF']._serialized_end=898
+  _globals['_USAGE']._serialized_start=900
+  _globals['_USAGE']._serialized_end=957
+  _globals['_ERRORDETAIL']._serialized_start=959
+  _globals['_ERRORDETAIL']._serialized_end=1041
 # @@protoc_insertion_point(module_scope)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/decode.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"\xad\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x02kv\x18\x02 \x01(\x0b\x32\r.epd.v1.KvRef\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\x03\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x16\n\x0eposition_delta\x18\x05 \x01(\x03\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\"q\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x03\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\"\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.epd.v1.ErrorDetail\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"#\n\x0e\x43\x61ncelResponse\x12\x11\n\tcancelled\x18\x01 \x01(\x08\x32y\n\x06\x44\x65\x63ode\x12\x36\n\x06\x44\x65\x63ode\x12\x15.epd.v1.DecodeRequest\x1a\x13.epd.v1.DecodeChunk0\x01\x12\x37\n\x06\x43\x61ncel\x12\x15.epd.v1.CancelRequest\x1a\x16.epd.v1.CancelResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/decode.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"\x95\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x19\n\x02kv\x18\x02 \x01(\x0b\x32\r.epd.v1.KvRef\x12\x16\n\x0e\x66irst_token_id\x18\x03 \x01(\x05\x12(\n\x08sampling\x18\x04 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\"k\n\x0b\x44\x65\x63odeChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12+\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x03 \x01(\x0b\x32\r.epd.v1.Usage\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x32y\n\x06\x44\x65\x63ode\x12\x36\n\x06\x44\x65\x63ode\x12\x15.epd.v1.DecodeRequest\x1a\x13.epd.v1.DecodeChunk0\x01\x12\x37\n\x06\x43\x61ncel\x12\x15.epd.v1.CancelRequest\x1a\x16.epd.v1.CancelResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,13 +33,13 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.decode_pb2', _global
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODEREQUEST']._serialized_start=53
-  _globals['_DECODEREQUEST']._serialized_end=226
-  _globals['_DECODECHUNK']._serialized_start=228
-  _globals['_DECODECHUNK']._serialized_end=341
-  _globals['_CANCELREQUEST']._serialized_start=343
-  _globals['_CANCELREQUEST']._serialized_end=378
-  _globals['_CANCELRESPONSE']._serialized_start=380
-  _globals['_CANCELRESPONSE']._serialized_end=415
-  _globals['_DECODE']._serialized_start=417
-  _globals['_DECODE']._serialized_end=538
+  _globals['_DECODEREQUEST']._serialized_end=202
+  _globals['_DECODECHUNK']._serialized_start=204
+  _globals['_DECODECHUNK']._serialized_end=311
+  _globals['_CANCELREQUEST']._serialized_start=313
+  _globals['_CANCELREQUEST']._serialized_end=348
+  _globals['_CANCELRESPONSE']._serialized_start=350
+  _globals['_CANCELRESPONSE']._serialized_end=381
+  _globals['_DECODE']._serialized_start=383
+  _globals['_DECODE']._serialized_end=504
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class DecodeStub:
-    """Continues generation from a prefilled KV cache, many requests batched.
+    """Generates tokens for many requests in one continuous batch.
     """
 
     def __init__(self, channel):
@@ -48,18 +48,18 @@ class DecodeStub:
 
 
 class DecodeServicer:
-    """Continues generation from a prefilled KV cache, many requests batched.
+    """Generates tokens for many requests in one continuous batch.
     """
 
     def Decode(self, request, context):
-        """Generate the rest of a request's tokens, streamed as they come.
+        """Pulls the KV, admits the request and streams its tokens until it finishes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
-        """Stop a running request and free what it holds.
+        """Stops a running request and frees its blocks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,7 +87,7 @@ def add_DecodeServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Decode:
-    """Continues generation from a prefilled KV cache, many requests batched.
+    """Generates tokens for many requests in one continuous batch.
     """
 
     @staticmethod

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pd/v1/encoder.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"7\n\nImageInput\x12\x13\n\x0bimage_bytes\x18\x01 \x01(\x0c\x12\x14\n\x0cimage_digest\x18\x02 \x01(\t\"t\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\x03\x12\x16\n\x0einline_tensors\x18\x04 \x01(\x08\":\n\x0e\x45ncodeResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.epd.v1.EmbeddingRef2B\n\x07\x45ncoder\x12\x37\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pd/v1/encoder.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"0\n\nImageInput\x12\x14\n\x0cimage_digest\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\\\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\"\n\x06images\x18\x02 \x03(\x0b\x32\x12.epd.v1.ImageInput\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x03 \x01(\x03\":\n\x0e\x45ncodeResponse\x12(\n\nembeddings\x18\x01 \x03(\x0b\x32\x14.epd.v1.EmbeddingRef2B\n\x07\x45ncoder\x12\x37\n\x06\x45ncode\x12\x15.epd.v1.EncodeRequest\x1a\x16.epd.v1.EncodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.encoder_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_IMAGEINPUT']._serialized_start=53
-  _globals['_IMAGEINPUT']._serialized_end=108
-  _globals['_ENCODEREQUEST']._serialized_start=110
-  _globals['_ENCODEREQUEST']._serialized_end=226
-  _globals['_ENCODERESPONSE']._serialized_start=228
-  _globals['_ENCODERESPONSE']._serialized_end=286
-  _globals['_ENCODER']._serialized_start=288
-  _globals['_ENCODER']._serialized_end=354
+  _globals['_IMAGEINPUT']._serialized_end=101
+  _globals['_ENCODEREQUEST']._serialized_start=103
+  _globals['_ENCODEREQUEST']._serialized_end=195
+  _globals['_ENCODERESPONSE']._serialized_start=197
+  _globals['_ENCODERESPONSE']._serialized_end=255
+  _globals['_ENCODER']._serialized_start=257
+  _globals['_ENCODER']._serialized_end=323
 # @@protoc_insertion_point(module_scope)

@@ -8,24 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ImageInput(_message.Message):
-    __slots__ = ("image_bytes", "image_digest")
-    IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("image_digest", "data")
     IMAGE_DIGEST_FIELD_NUMBER: _ClassVar[int]
-    image_bytes: bytes
+    DATA_FIELD_NUMBER: _ClassVar[int]
     image_digest: str
-    def __init__(self, image_bytes: _Optional[bytes] = ..., image_digest: _Optional[str] = ...) -> None: ...
+    data: bytes
+    def __init__(self, image_digest: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "images", "deadline_ms", "inline_tensors")
+    __slots__ = ("request_id", "images", "deadline_ms")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
-    INLINE_TENSORS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     images: _containers.RepeatedCompositeFieldContainer[ImageInput]
     deadline_ms: int
-    inline_tensors: bool
-    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[ImageInput, _Mapping]]] = ..., deadline_ms: _Optional[int] = ..., inline_tensors: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[ImageInput, _Mapping]]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("embeddings",)

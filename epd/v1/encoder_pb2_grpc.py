@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class EncoderStub:
-    """Turns images into vision embeddings with the image processor and vision tower it owns.
+    """Turns images into vision embeddings with the processor and vision tower the encoder owns.
     """
 
     def __init__(self, channel):
@@ -43,11 +43,11 @@ class EncoderStub:
 
 
 class EncoderServicer:
-    """Turns images into vision embeddings with the image processor and vision tower it owns.
+    """Turns images into vision embeddings with the processor and vision tower the encoder owns.
     """
 
     def Encode(self, request, context):
-        """Encode every image of one request; answers per image, in order.
+        """Encodes every image of one request; answers one EmbeddingRef per image, in request order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +70,7 @@ def add_EncoderServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Encoder:
-    """Turns images into vision embeddings with the image processor and vision tower it owns.
+    """Turns images into vision embeddings with the processor and vision tower the encoder owns.
     """
 
     @staticmethod

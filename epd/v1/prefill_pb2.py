@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pd/v1/prefill.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"\xbd\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\x12(\n\nembeddings\x18\x03 \x03(\x0b\x32\x14.epd.v1.EmbeddingRef\x12\x1b\n\x13image_start_indices\x18\x04 \x03(\x05\x12(\n\x08sampling\x18\x05 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\"\xa0\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x03\x12\x19\n\x02kv\x18\x02 \x01(\x0b\x32\r.epd.v1.KvRef\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x16\n\x0eposition_delta\x18\x05 \x01(\x03\x32\x45\n\x07Prefill\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x65pd/v1/prefill.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"\xb6\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12(\n\nembeddings\x18\x03 \x03(\x0b\x32\x14.epd.v1.EmbeddingRef\x12\x14\n\x0cmm_positions\x18\x04 \x03(\x05\x12(\n\x08sampling\x18\x05 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x06 \x01(\x03\"\x88\x01\n\x0fPrefillResponse\x12\x16\n\x0e\x66irst_token_id\x18\x01 \x01(\x05\x12\x19\n\x02kv\x18\x02 \x01(\x0b\x32\r.epd.v1.KvRef\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x05\x12+\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x14.epd.v1.FinishReason2E\n\x07Prefill\x12:\n\x07Prefill\x12\x16.epd.v1.PrefillRequest\x1a\x17.epd.v1.PrefillResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,9 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.prefill_pb2', _globa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREFILLREQUEST']._serialized_start=54
-  _globals['_PREFILLREQUEST']._serialized_end=243
-  _globals['_PREFILLRESPONSE']._serialized_start=246
-  _globals['_PREFILLRESPONSE']._serialized_end=406
-  _globals['_PREFILL']._serialized_start=408
-  _globals['_PREFILL']._serialized_end=477
+  _globals['_PREFILLREQUEST']._serialized_end=236
+  _globals['_PREFILLRESPONSE']._serialized_start=239
+  _globals['_PREFILLRESPONSE']._serialized_end=375
+  _globals['_PREFILL']._serialized_start=377
+  _globals['_PREFILL']._serialized_end=446
 # @@protoc_insertion_point(module_scope)

@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class PrefillStub:
-    """Runs a prompt (text tokens + vision embeddings) through the MoE language model.
+    """Runs prompts into the paged KV cache and samples the first token.
     """
 
     def __init__(self, channel):
@@ -43,11 +43,11 @@ class PrefillStub:
 
 
 class PrefillServicer:
-    """Runs a prompt (text tokens + vision embeddings) through the MoE language model.
+    """Runs prompts into the paged KV cache and samples the first token.
     """
 
     def Prefill(self, request, context):
-        """Prefill one request and sample its first token.
+        """Prefills one request; the KV stays leased on this worker until decode pulls and releases it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +70,7 @@ def add_PrefillServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Prefill:
-    """Runs a prompt (text tokens + vision embeddings) through the MoE language model.
+    """Runs prompts into the paged KV cache and samples the first token.
     """
 
     @staticmethod

@@ -25,25 +25,27 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/router.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"Q\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x15\n\x0bimage_bytes\x18\x02 \x01(\x0cH\x00\x12\x13\n\timage_url\x18\x03 \x01(\tH\x00\x42\x06\n\x04part\"A\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\xa5\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x18\n\x10return_token_ids\x18\x04 \x01(\x08\x12\x13\n\x0b\x64\x65\x61\x64line_ms\x18\x05 \x01(\x03\"(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x03\"U\n\x08\x43omplete\x12+\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x02 \x01(\x0b\x32\r.epd.v1.Usage\"\x87\x01\n\x10GenerateResponse\x12\x1e\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\r.epd.v1.ChunkH\x00\x12$\n\x08\x63omplete\x18\x02 \x01(\x0b\x32\x10.epd.v1.CompleteH\x00\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.epd.v1.ErrorDetailH\x00\x42\x07\n\x05\x65vent2I\n\x06Router\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x65pd/v1/router.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"Q\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12\x15\n\x0bimage_bytes\x18\x02 \x01(\x0cH\x00\x12\x13\n\timage_url\x18\x03 \x01(\tH\x00\x42\x06\n\x04part\"O\n\x0b\x43hatMessage\x12\x1a\n\x04role\x18\x01 \x01(\x0e\x32\x0c.epd.v1.Role\x12$\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x13.epd.v1.ContentPart\"\x90\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12%\n\x08messages\x18\x02 \x03(\x0b\x32\x13.epd.v1.ChatMessage\x12(\n\x08sampling\x18\x03 \x01(\x0b\x32\x16.epd.v1.SamplingParams\x12\x18\n\x10return_token_ids\x18\x04 \x01(\x08\"\xaa\x02\n\x10GenerateResponse\x12/\n\x05\x63hunk\x18\x01 \x01(\x0b\x32\x1e.epd.v1.GenerateResponse.ChunkH\x00\x12\x35\n\x08\x63omplete\x18\x02 \x01(\x0b\x32!.epd.v1.GenerateResponse.CompleteH\x00\x12$\n\x05\x65rror\x18\x03 \x01(\x0b\x32\x13.epd.v1.ErrorDetailH\x00\x1a(\n\x05\x43hunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x1aU\n\x08\x43omplete\x12+\n\rfinish_reason\x18\x01 \x01(\x0e\x32\x14.epd.v1.FinishReason\x12\x1c\n\x05usage\x18\x02 \x01(\x0b\x32\r.epd.v1.UsageB\x07\n\x05\x65vent*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x32I\n\x06Router\x12?\n\x08Generate\x12\x17.epd.v1.GenerateRequest\x1a\x18.epd.v1.GenerateResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'epd.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ROLE']._serialized_start=664
+  _globals['_ROLE']._serialized_end=744
   _globals['_CONTENTPART']._serialized_start=52
   _globals['_CONTENTPART']._serialized_end=133
   _globals['_CHATMESSAGE']._serialized_start=135
-  _globals['_CHATMESSAGE']._serialized_end=200
-  _globals['_GENERATEREQUEST']._serialized_start=203
-  _globals['_GENERATEREQUEST']._serialized_end=368
-  _globals['_CHUNK']._serialized_start=370
-  _globals['_CHUNK']._serialized_end=410
-  _globals['_COMPLETE']._serialized_start=412
-  _globals['_COMPLETE']._serialized_end=497
-  _globals['_GENERATERESPONSE']._serialized_start=500
-  _globals['_GENERATERESPONSE']._serialized_end=635
-  _globals['_ROUTER']._serialized_start=637
-  _globals['_ROUTER']._serialized_end=710
+  _globals['_CHATMESSAGE']._serialized_end=214
+  _globals['_GENERATEREQUEST']._serialized_start=217
+  _globals['_GENERATEREQUEST']._serialized_end=361
+  _globals['_GENERATERESPONSE']._serialized_start=364
+  _globals['_GENERATERESPONSE']._serialized_end=662
+  _globals['_GENERATERESPONSE_CHUNK']._serialized_start=526
+  _globals['_GENERATERESPONSE_CHUNK']._serialized_end=566
+  _globals['_GENERATERESPONSE_COMPLETE']._serialized_start=568
+  _globals['_GENERATERESPONSE_COMPLETE']._serialized_end=653
+  _globals['_ROUTER']._serialized_start=746
+  _globals['_ROUTER']._serialized_end=819
 # @@protoc_insertion_point(module_scope)

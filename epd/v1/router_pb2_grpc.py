@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class RouterStub:
-    """Front door of the cluster.
+    """Chat generation over the whole encoder / prefill / decode pipeline.
     """
 
     def __init__(self, channel):
@@ -43,11 +43,11 @@ class RouterStub:
 
 
 class RouterServicer:
-    """Front door of the cluster.
+    """Chat generation over the whole encoder / prefill / decode pipeline.
     """
 
     def Generate(self, request, context):
-        """Generate a reply to a conversation, streamed.
+        """Generates a reply to a conversation, streamed as chunks and ending with Complete or an error.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +70,7 @@ def add_RouterServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Router:
-    """Front door of the cluster.
+    """Chat generation over the whole encoder / prefill / decode pipeline.
     """
 
     @staticmethod

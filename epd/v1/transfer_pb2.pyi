@@ -15,16 +15,14 @@ class PullRequest(_message.Message):
     def __init__(self, handle_id: _Optional[str] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
 
 class PullChunk(_message.Message):
-    __slots__ = ("meta", "tensor_index", "offset_bytes", "data")
+    __slots__ = ("meta", "offset_bytes", "data")
     META_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_INDEX_FIELD_NUMBER: _ClassVar[int]
     OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     meta: _common_pb2.TensorMeta
-    tensor_index: int
     offset_bytes: int
     data: bytes
-    def __init__(self, meta: _Optional[_Union[_common_pb2.TensorMeta, _Mapping]] = ..., tensor_index: _Optional[int] = ..., offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, meta: _Optional[_Union[_common_pb2.TensorMeta, _Mapping]] = ..., offset_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("handle_id",)

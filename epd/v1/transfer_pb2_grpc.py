@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class TransferStub:
-    """Served by every process that hands out TRANSFER_BACKEND_GRPC handles.
+    """Serves leased tensor bytes held by this worker (embeddings on encoders, KV on prefill workers).
     """
 
     def __init__(self, channel):
@@ -48,18 +48,18 @@ class TransferStub:
 
 
 class TransferServicer:
-    """Served by every process that hands out TRANSFER_BACKEND_GRPC handles.
+    """Serves leased tensor bytes held by this worker (embeddings on encoders, KV on prefill workers).
     """
 
     def Pull(self, request, context):
-        """Stream the tensors behind a handle, in chunks.
+        """Streams every tensor behind a handle, in TensorMeta order, each in chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Tell the owner the bytes are no longer needed (ends the lease early).
+        """Ends a handle's lease early and frees its bytes (the receiver's ack).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,7 +87,7 @@ def add_TransferServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Transfer:
-    """Served by every process that hands out TRANSFER_BACKEND_GRPC handles.
+    """Serves leased tensor bytes held by this worker (embeddings on encoders, KV on prefill workers).
     """
 
     @staticmethod

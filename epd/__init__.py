@@ -1,0 +1,1 @@
+"""EPD cluster: shared core."""
