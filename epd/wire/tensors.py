@@ -24,6 +24,8 @@ _TO_PROTO: dict[torch.dtype, int] = {
     torch.int8: common_pb2.DTYPE_INT8,
     torch.uint8: common_pb2.DTYPE_UINT8,
     torch.bool: common_pb2.DTYPE_BOOL,
+    torch.float8_e4m3fn: common_pb2.DTYPE_FLOAT8_E4M3FN,
+    torch.float8_e5m2: common_pb2.DTYPE_FLOAT8_E5M2,
 }
 _FROM_PROTO: dict[int, torch.dtype] = {v: k for k, v in _TO_PROTO.items()}
 
