@@ -1,7 +1,8 @@
 """Tensor <-> `epd.v1.Tensor`: raw little-endian C-contiguous bytes plus name, dtype and shape.
 
-Never `repeated float`, never pickle. bfloat16 has no numpy type, so every dtype travels as its raw
-bytes and is reinterpreted on arrival; the round trip is bit-exact.
+Never `repeated float`, never pickle. bfloat16 (and fp8) have no numpy type, so every dtype travels
+as its raw bytes and is reinterpreted on arrival; the round trip is bit-exact. Decoding errors are
+`ValueError`s naming the tensor, which servicers turn into INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ _TO_PROTO: dict[torch.dtype, int] = {
 }
 _FROM_PROTO: dict[int, torch.dtype] = {v: k for k, v in _TO_PROTO.items()}
 
-if sys.byteorder != "little":  # the wire format is little-endian; so is every platform we run on
+# The wire is little-endian and we ship native bytes; refuse to run where that would be wrong.
+if sys.byteorder != "little":
     raise ImportError("epd.wire.tensors assumes a little-endian host")
 
 
 def dtype_to_proto(dtype: torch.dtype) -> int:
+    """`epd.v1.DType` value of a torch dtype; ValueError if it has none."""
     try:
         return _TO_PROTO[dtype]
     except KeyError:
@@ -41,6 +44,7 @@ def dtype_to_proto(dtype: torch.dtype) -> int:
 
 
 def dtype_from_proto(value: int) -> torch.dtype:
+    """torch dtype of an `epd.v1.DType` value; ValueError for UNSPECIFIED or unknown values."""
     try:
         return _FROM_PROTO[value]
     except KeyError:
@@ -49,31 +53,48 @@ def dtype_from_proto(value: int) -> torch.dtype:
 
 
 def meta_of(name: str, tensor: torch.Tensor) -> common_pb2.TensorMeta:
+    """Name, wire dtype and shape of `tensor` (no data)."""
     return common_pb2.TensorMeta(name=name, dtype=dtype_to_proto(tensor.dtype), shape=list(tensor.shape))
+
+
+def nbytes_of(meta: common_pb2.TensorMeta) -> int:
+    """Payload size the metadata promises: prod(shape) * itemsize; ValueError if the meta is invalid."""
+    dtype = dtype_from_proto(meta.dtype)
+    if any(d < 0 for d in meta.shape):
+        raise ValueError(f"tensor {meta.name!r} has a negative dimension in shape {list(meta.shape)}")
+    return math.prod(meta.shape) * dtype.itemsize
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    """Raw C-contiguous element bytes of a (CPU or device) tensor."""
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]; reshape makes 0-d viewable
+    if flat.numel() == 0:
+        return b""
+    return flat.view(torch.uint8).numpy().tobytes()  # [numel * itemsize]
+
+
+def tensor_from_bytes(meta: common_pb2.TensorMeta, data: bytes | bytearray | memoryview) -> torch.Tensor:
+    """A fresh, writable CPU tensor from metadata and raw bytes; ValueError if they disagree."""
+    expected = nbytes_of(meta)
+    dtype, shape = _FROM_PROTO[meta.dtype], tuple(meta.shape)
+    if len(data) != expected:
+        raise ValueError(
+            f"tensor {meta.name!r}: {len(data)} bytes do not match shape {list(shape)} of {dtype} "
+            f"({expected} bytes)"
+        )
+    if expected == 0:  # torch.frombuffer rejects an empty buffer
+        return torch.empty(shape, dtype=dtype)
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # [nbytes]; owns its copy, writable
+    if dtype == torch.bool and bool((raw > 1).any()):
+        raise ValueError(f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
+    return raw.view(dtype).reshape(shape)
 
 
 def tensor_to_proto(name: str, tensor: torch.Tensor) -> common_pb2.Tensor:
     """Copy a (CPU or device) tensor into an inline `Tensor` message."""
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # [numel]
-    raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)  # [numel * itemsize]
-    return common_pb2.Tensor(meta=meta_of(name, tensor), data=raw.numpy().tobytes())
+    return common_pb2.Tensor(meta=meta_of(name, tensor), data=tensor_to_bytes(tensor))
 
 
 def tensor_from_proto(message: common_pb2.Tensor) -> torch.Tensor:
     """A fresh, writable tensor from an inline `Tensor` message; ValueError on inconsistent metadata."""
-    meta = message.meta
-    dtype = dtype_from_proto(meta.dtype)
-    shape = tuple(int(d) for d in meta.shape)
-    if any(d < 0 for d in shape):
-        raise ValueError(f"tensor {meta.name!r} has a negative dimension in shape {list(shape)}")
-    itemsize = torch.empty(0, dtype=dtype).element_size()
-    expected = math.prod(shape) * itemsize
-    if len(message.data) != expected:
-        raise ValueError(
-            f"tensor {meta.name!r}: {len(message.data)} bytes do not match shape {list(shape)} of "
-            f"{dtype} ({expected} bytes)"
-        )
-    if expected == 0:
-        return torch.empty(shape, dtype=dtype)
-    raw = torch.frombuffer(bytearray(message.data), dtype=torch.uint8)  # [nbytes], owns its copy
-    return raw.view(dtype).reshape(shape)
+    return tensor_from_bytes(message.meta, message.data)

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from epd.v1 import common_pb2
-from epd.wire.tensors import dtype_from_proto, meta_of, tensor_from_proto, tensor_to_proto
+from epd.wire.tensors import (
+    dtype_from_proto,
+    meta_of,
+    nbytes_of,
+    tensor_from_bytes,
+    tensor_from_proto,
+    tensor_to_proto,
+)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2]
@@ -85,3 +94,27 @@ def test_negative_dimension_is_rejected():
 def test_unsupported_dtype_cannot_be_sent():
     with pytest.raises(ValueError, match="cannot go on the wire"):
         tensor_to_proto("c", torch.zeros(2, dtype=torch.complex64))
+
+
+def test_survives_serialization_without_warnings():
+    tensor = _sample(torch.bfloat16)
+    wire = tensor_to_proto("s", tensor).SerializeToString()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. torch's "non-writable buffer" UserWarning
+        back = tensor_from_proto(common_pb2.Tensor.FromString(wire))
+    assert torch.equal(back.view(torch.int16), tensor.view(torch.int16))
+
+
+def test_from_bytes_accepts_memoryview_and_nbytes_matches():
+    tensor = torch.arange(6, dtype=torch.int32).reshape(2, 3)  # [2, 3]
+    meta = meta_of("kv", tensor)
+    assert nbytes_of(meta) == 24
+    back = tensor_from_bytes(meta, memoryview(tensor_to_proto("kv", tensor).data))
+    assert torch.equal(back, tensor)
+
+
+def test_bool_bytes_other_than_0_1_are_rejected():
+    message = tensor_to_proto("b", torch.tensor([True, False]))
+    message.data = bytes([1, 2])
+    with pytest.raises(ValueError, match="bool data"):
+        tensor_from_proto(message)
