@@ -37,13 +37,12 @@ class LanguageRunner:
         return expand_placeholders(token_ids, self.image_token_id, [im.num_tokens for im in images])
 
     @torch.inference_mode()
-    def prefill(self, token_ids: list[int], images: list[EncodedImage]) -> tuple[torch.Tensor, SequenceState]:
-        """token_ids already expanded; returns (next-token logits [V], state)."""
-        starts = [i for i, t in enumerate(token_ids) if t == self.image_token_id and
-                  (i == 0 or token_ids[i - 1] != self.image_token_id)]
-        if len(starts) != len(images):
-            raise ValueError(f"prompt has {len(starts)} image blocks but {len(images)} images were given")
-        spans = [(s, im.grid_thw) for s, im in zip(starts, images, strict=True)]
+    def prefill(self, token_ids: list[int], images: list[EncodedImage], image_starts: list[int]
+                ) -> tuple[torch.Tensor, SequenceState]:
+        """token_ids already expanded, image_starts from `expand`; returns (next-token logits [V], state)."""
+        if len(image_starts) != len(images):
+            raise ValueError(f"{len(image_starts)} image start indices given for {len(images)} images")
+        spans = [(s, im.grid_thw) for s, im in zip(image_starts, images, strict=True)]
         plan = self.language.adapter.plan_positions(self.language.config, token_ids, spans)
         cache = DynamicCache(config=self.language.config)
         mm = {"image": self.language.adapter.join_output([im.tensors for im in images])} if images else None

@@ -38,8 +38,8 @@ class InProcessPipeline:
                      ) -> tuple[Generation, int]:
         """prompt_ids hold one placeholder per image; returns (generation, expanded prompt length)."""
         encoded = self.encoder.encode(images)
-        expanded, _ = self.language.expand(prompt_ids, encoded)
-        logits, state = self.language.prefill(expanded, encoded)
+        expanded, image_starts = self.language.expand(prompt_ids, encoded)
+        logits, state = self.language.prefill(expanded, encoded, image_starts)
         gen = decode_loop(logits, lambda tok: self.language.decode_step(state, tok), params, self.eos_token_ids)
         return gen, len(expanded)
 
