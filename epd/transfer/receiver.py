@@ -1,0 +1,196 @@
+"""The consumer side: fetch the tensors behind a handle, then ack so the owner frees them at once.
+
+Every wait is bounded by `timeout_s` (a gRPC deadline on Pull, a short one on the ack). Success
+acks; so does a fetch whose bytes disagreed with the metadata (retrying cannot help, so the owner
+should not hold them until the TTL). A fetch that failed because the owner was unreachable, slow or
+had no such handle does not ack: the owner's TTL frees what it still holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+
+import grpc
+import torch
+
+from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
+from epd.transfer.assembly import PullAssembler, allocate, check_bool
+from epd.transfer.channels import ChannelPool
+from epd.transfer.errors import TransferError
+from epd.transfer.labels import check_kind
+from epd.transfer.layout import CHUNK_HEADROOM_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, shm_layout, shm_segment_bytes
+from epd.transfer.shm import open_segment, pread_into, segment_path
+from epd.v1 import common_pb2, transfer_pb2, transfer_pb2_grpc
+from epd.wire.tensors import nbytes_of
+
+logger = logging.getLogger(__name__)
+
+_ACK_TIMEOUT_S = 2.0
+_ACK_AFTER = (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INVALID_ARGUMENT)
+_BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM)
+
+
+class TransferReceiver:
+    """Fetches handles from any owner. Thread-safe; `close()` when done to close the channels."""
+
+    def __init__(
+        self,
+        *,
+        timeout_s: float = 30.0,
+        max_chunk_bytes: int = 1 << 20,
+        max_channels: int = 64,
+        shm_dir: str = "/dev/shm",
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"transfer timeout_s must be > 0, got {timeout_s}")
+        if not MIN_CHUNK_BYTES <= max_chunk_bytes <= MAX_CHUNK_BYTES:
+            raise ValueError(f"max_chunk_bytes={max_chunk_bytes} is outside [{MIN_CHUNK_BYTES}, {MAX_CHUNK_BYTES}]")
+        self._timeout_s = timeout_s
+        self._max_chunk_bytes = max_chunk_bytes
+        self._shm_dir = shm_dir
+        receive_limit = MAX_CHUNK_BYTES + CHUNK_HEADROOM_BYTES
+        self._channels = ChannelPool(max_channels, [("grpc.max_receive_message_length", receive_limit)])
+
+    def fetch(
+        self,
+        handle: common_pb2.TransferHandle,
+        metas: Sequence[common_pb2.TensorMeta],
+        kind: str,
+        timeout_s: float | None = None,
+    ) -> list[tuple[str, torch.Tensor]]:
+        """The (name, tensor) pairs behind `handle`, in meta order: fresh, writable CPU tensors.
+
+        `metas` are the ones that travelled with the handle (EmbeddingRef.tensors, KvRef.tensors).
+        Raises TransferError (see its codes) and ValueError for an unknown kind.
+        """
+        check_kind(kind)
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        nbytes = self._check_request(handle, metas)
+        started = time.monotonic()
+        try:
+            tensors, backend = self._transfer(handle, metas, nbytes, started + timeout)
+        except TransferError as err:
+            if err.code in _ACK_AFTER:
+                self._ack(handle)
+            raise
+        elapsed = time.monotonic() - started
+        self._ack(handle)
+        TRANSFER_BYTES.labels(kind=kind, backend=backend).inc(handle.size_bytes)
+        TRANSFER_SECONDS.labels(kind=kind, backend=backend).observe(elapsed)
+        return [(meta.name, tensor) for meta, tensor in zip(metas, tensors, strict=True)]
+
+    def release(self, handle: common_pb2.TransferHandle) -> bool:
+        """Ack a handle without fetching it (e.g. the data is already cached); False if not released.
+
+        Never raises for a peer problem: a lost ack only means the owner frees the bytes at the TTL.
+        """
+        return self._ack(handle)
+
+    def close(self) -> None:
+        """Close every channel (cancelling fetches still running on them)."""
+        self._channels.close()
+
+    def _check_request(self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta]) -> list[int]:
+        def invalid(message: str) -> TransferError:
+            return TransferError(grpc.StatusCode.INVALID_ARGUMENT, message, handle_id=handle.handle_id,
+                                 owner_address=handle.owner_address)
+
+        if handle.backend not in _BACKENDS:
+            raise invalid(f"backend {common_pb2.TransferBackend.Name(handle.backend)} is not served by this receiver")
+        if not handle.handle_id or not handle.owner_address:
+            raise invalid("handle has no handle_id or no owner_address")
+        try:
+            nbytes = [nbytes_of(meta) for meta in metas]
+            if handle.backend == common_pb2.TRANSFER_BACKEND_SHM:
+                segment_path(self._shm_dir, handle.shm_segment_name)
+        except ValueError as err:
+            raise invalid(str(err)) from None
+        if sum(nbytes) != handle.size_bytes:
+            raise invalid(f"tensor metadata adds up to {sum(nbytes)} bytes, the handle holds {handle.size_bytes}")
+        return nbytes
+
+    def _transfer(
+        self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],
+        deadline: float,
+    ) -> tuple[list[torch.Tensor], str]:
+        """The tensors and the backend label they actually came through."""
+        if handle.backend == common_pb2.TRANSFER_BACKEND_SHM:
+            try:
+                return self._copy_shm(handle, metas, nbytes), "shm"
+            except OSError as err:  # not on this host, or already freed: Pull knows which
+                logger.warning("cannot open shm segment %s (%s); pulling handle %s over gRPC from %s",
+                               handle.shm_segment_name, err, handle.handle_id, handle.owner_address)
+        return self._pull(handle, metas, nbytes, deadline), "grpc"
+
+    def _copy_shm(
+        self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int]
+    ) -> list[torch.Tensor]:
+        """Copy every tensor out of the segment (the result does not alias it); OSError if it cannot be opened."""
+        fd = open_segment(segment_path(self._shm_dir, handle.shm_segment_name))
+        try:
+            size, expected = os.fstat(fd).st_size, shm_segment_bytes(nbytes)
+            if size != expected:
+                message = f"segment {handle.shm_segment_name} has {size} bytes, its layout needs {expected}"
+                raise self._data_loss(handle, message)
+            tensors = []
+            for meta, offset, count in zip(metas, shm_layout(nbytes), nbytes, strict=True):
+                tensor, buffer = allocate(meta)  # buffer: [count] uint8 view of tensor
+                if count:
+                    pread_into(fd, buffer, offset)
+                if not check_bool(tensor):
+                    raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
+                tensors.append(tensor)
+            return tensors
+        except EOFError as err:  # truncated under us between fstat and read
+            raise self._data_loss(handle, f"segment {handle.shm_segment_name}: {err}") from None
+        finally:
+            os.close(fd)
+
+    def _pull(
+        self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],
+        deadline: float,
+    ) -> list[torch.Tensor]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "no time left to pull", handle_id=handle.handle_id,
+                                owner_address=handle.owner_address)
+        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+        request = transfer_pb2.PullRequest(handle_id=handle.handle_id, max_chunk_bytes=self._max_chunk_bytes)
+        assembler = PullAssembler(metas, nbytes, handle.handle_id, handle.owner_address)
+        stream = stub.Pull(request, timeout=remaining)
+        try:
+            for chunk in stream:
+                assembler.add(chunk)
+        except grpc.RpcError as err:
+            raise _from_rpc(err, handle, "pull") from None
+        except TransferError:
+            stream.cancel()  # stop the owner streaming bytes we will not use
+            raise
+        return assembler.finish()
+
+    def _ack(self, handle: common_pb2.TransferHandle) -> bool:
+        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+        try:
+            reply = stub.Release(transfer_pb2.ReleaseRequest(handle_id=handle.handle_id), timeout=_ACK_TIMEOUT_S)
+        except grpc.RpcError as err:
+            logger.warning("%s; the owner frees it at its TTL", _from_rpc(err, handle, "release"))
+            return False
+        if not reply.released:
+            logger.debug("handle %s on %s was already freed when acked", handle.handle_id, handle.owner_address)
+        return reply.released
+
+    @staticmethod
+    def _data_loss(handle: common_pb2.TransferHandle, message: str) -> TransferError:
+        return TransferError(grpc.StatusCode.DATA_LOSS, message, handle_id=handle.handle_id,
+                             owner_address=handle.owner_address)
+
+
+def _from_rpc(err: grpc.RpcError, handle: common_pb2.TransferHandle, what: str) -> TransferError:
+    """The TransferError for a failed call, keeping the peer's status code and details."""
+    code = err.code() if isinstance(err, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = err.details() if isinstance(err, grpc.Call) else str(err)
+    return TransferError(code, f"{what} failed with {code.name}: {details}", handle_id=handle.handle_id,
+                         owner_address=handle.owner_address)
