@@ -21,7 +21,7 @@ from epd.models.loading import LanguageModel
 class SequenceState:
     """One request's running state between forward passes."""
 
-    token_ids: list[int]  # prompt + generated so far
+    length: int  # tokens in the cache: prompt + generated so far
     cache: DynamicCache
     plan: PositionPlan
 
@@ -47,15 +47,21 @@ class LanguageRunner:
         cache = DynamicCache(config=self.language.config)
         mm = {"image": self.language.adapter.join_output([im.tensors for im in images])} if images else None
         logits = self._forward(token_ids, plan.prefill, cache, mm)
-        return logits, SequenceState(list(token_ids), cache, plan)
+        return logits, SequenceState(len(token_ids), cache, plan)
 
     @torch.inference_mode()
     def decode_step(self, state: SequenceState, token: int) -> torch.Tensor:
         """Append `token` and return the logits [V] for the one after it."""
-        index = len(state.token_ids)
-        state.token_ids.append(token)
+        index = state.length
+        state.length += 1
         return self._forward([token], state.plan.decode_positions(index), state.cache, None,
                              total_len=index + 1)
+
+    def resume(self, cache: DynamicCache, length: int, position_delta: int) -> SequenceState:
+        """State for a sequence whose prompt was prefilled elsewhere (a decode worker's imported KV)."""
+        # The family's plan for an empty prompt has the right number of position rows (1 or 3).
+        empty = self.language.adapter.plan_positions(self.language.config, [], [])
+        return SequenceState(length, cache, PositionPlan(prefill=empty.prefill, delta=position_delta))
 
     def _forward(self, ids: list[int], positions: torch.Tensor, cache: DynamicCache, mm,
                  total_len: int | None = None) -> torch.Tensor:

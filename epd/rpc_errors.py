@@ -1,0 +1,88 @@
+"""One place that turns domain exceptions into gRPC status codes, as a server interceptor.
+
+Servicers stay thin: they raise `InvalidInput` (or let a queue / lease table / transfer error
+through) and this interceptor aborts the call with the matching code and the exception's message.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+
+class InvalidInput(ValueError):
+    """The request itself is wrong; the message says what to change."""
+
+
+class Overloaded(RuntimeError):
+    """A bounded queue or table is full; the caller may retry elsewhere or later."""
+
+
+def status_for(exc: BaseException) -> grpc.StatusCode:
+    from epd.batcher import QueueFull
+    from epd.transfer.errors import TransferError
+    from epd.transfer.leases import LeaseTableFull
+
+    if isinstance(exc, TransferError):
+        return exc.code
+    if isinstance(exc, InvalidInput | ValueError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(exc, Overloaded | QueueFull | LeaseTableFull):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    if isinstance(exc, TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.INTERNAL
+
+
+class ErrorMappingInterceptor(grpc.ServerInterceptor):
+    """Wraps unary-unary and unary-stream handlers so that exceptions become status codes."""
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method))
+        return handler
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
+    code = status_for(exc)
+    if code == grpc.StatusCode.INTERNAL:
+        log.exception("%s failed", method)
+    context.abort(code, str(exc) or type(exc).__name__)
+
+
+def _wrap_unary(behavior, method: str):
+    def wrapped(request, context):
+        try:
+            return behavior(request, context)
+        except Exception as exc:  # grpc's own abort raises a plain Exception too: re-raise that untouched
+            if _is_abort(exc, context):
+                raise
+            _abort(context, exc, method)
+
+    return wrapped
+
+
+def _wrap_stream(behavior, method: str):
+    def wrapped(request, context):
+        try:
+            yield from behavior(request, context)
+        except Exception as exc:
+            if _is_abort(exc, context):
+                raise
+            _abort(context, exc, method)
+
+    return wrapped
+
+
+def _is_abort(exc: Exception, context) -> bool:
+    # ServicerContext.abort raises a bare Exception after setting the code; don't map it twice.
+    return type(exc) is Exception and context.code() is not None

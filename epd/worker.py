@@ -1,0 +1,112 @@
+"""What every worker process does around its servicers: bind, warm up, turn ready, stop cleanly.
+
+Order matters for the seed failure: the caller loads its model *before* `serve_worker`, so a
+worker without what it needs exits before it ever binds a port; health turns SERVING and the
+ready file appears only after a real warm-up pass has succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from epd.metrics import serve_metrics
+from epd.rpc_errors import ErrorMappingInterceptor
+
+log = logging.getLogger(__name__)
+
+# Large enough for a prefill's KV handle description, bounded so a bad peer can't make us buffer GBs.
+MAX_MESSAGE_BYTES = 256 << 20
+GRPC_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Where a worker listens and how much it takes on at once."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: pick a free port; the ready file says which
+    metrics_port: int = 0
+    ready_file: str | None = None
+    threads: int = 64  # gRPC handler threads
+    max_concurrent_rpcs: int = 128  # beyond this, callers get RESOURCE_EXHAUSTED at once
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536 or not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"ports must be in [0, 65535], got {self.port} and {self.metrics_port}")
+        if self.threads < 2 or self.max_concurrent_rpcs < 1:
+            raise ValueError(f"threads must be >= 2 and max_concurrent_rpcs >= 1, got {self.threads}, "
+                             f"{self.max_concurrent_rpcs}")
+
+
+@dataclass(frozen=True)
+class BoundWorker:
+    """A started worker: its address is known only after binding."""
+
+    role: str
+    address: str
+    metrics_port: int
+    server: grpc.Server
+    health: health.HealthServicer
+    services: tuple[str, ...]  # full names of the role's gRPC services, for health
+
+
+def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc.Server, str], list[str]]
+                 ) -> BoundWorker:
+    """Bind the gRPC server (health NOT_SERVING), start it and the metrics endpoint.
+
+    add_services(server, address) registers the role's servicers and returns their full service names.
+    """
+    server = grpc.server(ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}"),
+                         interceptors=[ErrorMappingInterceptor()], options=GRPC_OPTIONS,
+                         maximum_concurrent_rpcs=options.max_concurrent_rpcs)
+    port = server.add_insecure_port(f"{options.host}:{options.port}")
+    if port == 0:
+        raise OSError(f"cannot bind {options.host}:{options.port} for the {role} gRPC server")
+    address = f"{options.host}:{port}"
+    checker = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    names = add_services(server, address)
+    for name in ["", *names]:
+        checker.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    server.start()
+    metrics_port = serve_metrics(options.host, options.metrics_port)
+    return BoundWorker(role, address, metrics_port, server, checker, tuple(names))
+
+
+def mark_ready(worker: BoundWorker, ready_file: str | None) -> None:
+    """Health SERVING everywhere, then the ready file (written atomically) for launchers."""
+    for name in ["", *worker.services]:
+        worker.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+    info = {"role": worker.role, "address": worker.address, "metrics_port": worker.metrics_port, "pid": os.getpid()}
+    if ready_file:
+        tmp = Path(f"{ready_file}.tmp")
+        tmp.write_text(json.dumps(info))
+        tmp.replace(ready_file)
+    log.info("%s ready at %s (metrics on port %d)", worker.role, worker.address, worker.metrics_port)
+    print(f"epd {worker.role}: ready at {worker.address}, metrics at "
+          f"http://{worker.address.rsplit(':', 1)[0]}:{worker.metrics_port}/metrics", flush=True)
+
+
+def wait_for_shutdown(worker: BoundWorker, on_stop: Callable[[], None], grace_s: float = 3.0) -> None:
+    """Block until SIGTERM / SIGINT, then stop taking calls, let running ones finish, free resources."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        pass
+    worker.health.enter_graceful_shutdown()
+    worker.server.stop(grace_s).wait(grace_s + 1.0)
+    on_stop()
+    log.info("%s stopped", worker.role)

@@ -1,0 +1,50 @@
+"""Command-line flags every worker shares (`epd encoder|prefill|decode`), with `EPD_*` environment defaults."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from epd.worker import WorkerOptions
+
+
+def env_default(name: str, default):
+    """`EPD_<NAME>` from the environment, converted to the default's type, else the default."""
+    raw = os.environ.get(f"EPD_{name.upper()}")
+    if raw is None:
+        return default
+    return type(default)(raw) if default is not None else raw
+
+
+def add_worker_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=env_default("model", None),
+                   help="checkpoint directory (default: the cached demo checkpoint)")
+    p.add_argument("--host", default=env_default("host", "127.0.0.1"), help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=env_default("port", 0), help="gRPC port (0: pick a free one)")
+    p.add_argument("--metrics-port", type=int, default=env_default("metrics_port", 0),
+                   help="Prometheus /metrics port (0: pick a free one)")
+    p.add_argument("--ready-file", default=None,
+                   help="write {role, address, metrics_port, pid} here as JSON once ready (for launchers)")
+    p.add_argument("--transfer", choices=("grpc", "shm"), default=env_default("transfer", "grpc"),
+                   help="how this worker's outputs are pulled: grpc (anywhere) or shm (same host)")
+    p.add_argument("--threads", type=int, default=env_default("threads", 64), help="gRPC handler threads")
+    p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
+
+
+def worker_options(args: argparse.Namespace) -> WorkerOptions:
+    return WorkerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
+                         ready_file=args.ready_file, threads=args.threads,
+                         max_concurrent_rpcs=max(2 * args.threads, 16))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def model_dir_or_demo(model: str | None) -> str:
+    if model:
+        return model
+    from epd.demo import demo_model_dir
+
+    return str(demo_model_dir())
