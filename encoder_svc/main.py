@@ -1,0 +1,71 @@
+"""`epd encoder`: load the image processor and the vision tower, warm up, serve Encode and Transfer."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from epd.worker_args import add_worker_arguments, env_default, model_dir_or_demo, setup_logging, worker_options
+
+ROLE = "encoder"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_worker_arguments(p)
+    p.add_argument("--max-batch-images", type=int, default=env_default("max_batch_images", 8))
+    p.add_argument("--batch-wait-ms", type=float, default=env_default("batch_wait_ms", 5.0))
+    p.add_argument("--cache-mb", type=int, default=env_default("encoder_cache_mb", 512),
+                   help="embedding store budget in MiB")
+    p.add_argument("--lease-ttl-s", type=float, default=env_default("lease_ttl_s", 60.0))
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    from encoder_svc.config import EncoderConfig
+    from epd.models.errors import ModelLoadError
+
+    try:
+        options = worker_options(args)
+        config = EncoderConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
+                               max_batch_images=args.max_batch_images, batch_wait_ms=args.batch_wait_ms,
+                               cache_bytes=args.cache_mb << 20, lease_ttl_s=args.lease_ttl_s)
+        from epd.engine.encode import ImageEncoder
+        from epd.models.loading import load_encoder
+
+        # Before any port is bound: without its image processor an encoder must never look alive.
+        encoder = ImageEncoder(load_encoder(config.model_dir))
+    except (ModelLoadError, ValueError) as exc:
+        print(f"epd encoder: {exc}", file=sys.stderr)
+        return 1
+    return _serve(encoder, config, options)
+
+
+def _serve(encoder, config, options) -> int:
+    from encoder_svc.service import EncoderService
+    from encoder_svc.servicer import EncoderServicer
+    from epd.transfer.sender import TransferSender
+    from epd.transfer.servicer import add_transfer_service
+    from epd.v1 import encoder_pb2, encoder_pb2_grpc, transfer_pb2
+    from epd.worker import mark_ready, start_worker, wait_for_shutdown
+
+    sender = TransferSender(config.transfer_backend, owner_address="")
+    service = EncoderService(encoder, sender, config)
+
+    def add_services(server, address: str) -> list[str]:
+        sender.owner_address = address
+        encoder_pb2_grpc.add_EncoderServicer_to_server(EncoderServicer(service), server)
+        add_transfer_service(server, sender)
+        return [encoder_pb2.DESCRIPTOR.services_by_name["Encoder"].full_name,
+                transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name]
+
+    worker = start_worker(ROLE, options, add_services)
+    try:
+        service.warm_up()
+        sender.start_reaper()
+        mark_ready(worker, options.ready_file)
+        wait_for_shutdown(worker, on_stop=lambda: None)
+    finally:
+        service.close()
+        sender.close()
+        worker.server.stop(0)
+    return 0

@@ -1,0 +1,126 @@
+"""The encoder's domain logic: decode images, look them up in the embedding store, batch the misses
+through the vision tower, and lease the results to prefill workers.
+
+Images are re-decoded and re-hashed here even though the router already did: the store is keyed by
+what this encoder computed from the pixels and its own processor, never by a caller's claim.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+from PIL import Image
+
+from encoder_svc.config import EncoderConfig
+from epd import metrics
+from epd.batcher import MicroBatcher
+from epd.digest import embedding_key, pixel_digest, processor_fingerprint
+from epd.engine.encode import EncodedImage, ImageEncoder
+from epd.lru import ByteBudgetLRU
+from epd.rpc_errors import InvalidInput
+from epd.transfer.sender import TransferSender
+
+ROLE = "encoder"
+
+
+@dataclass(frozen=True)
+class ImageRequest:
+    """One image as the router sent it: encoded file bytes and (optionally) its pixel digest."""
+
+    data: bytes
+    pixel_digest: str = ""
+
+
+@dataclass(frozen=True)
+class LeasedEmbedding:
+    """One image's answer: the cache key, its encoder output and the handle a prefill worker pulls."""
+
+    key: str
+    image: EncodedImage
+    handle: object  # common_pb2.TransferHandle
+
+
+class EncoderService:
+    def __init__(self, encoder: ImageEncoder, sender: TransferSender, config: EncoderConfig) -> None:
+        self.encoder = encoder
+        self.sender = sender
+        self.config = config
+        self.fingerprint = processor_fingerprint(encoder.encoder.model_dir)
+        self.store: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.cache_bytes, on_evict=self._on_evict)
+        self.batcher: MicroBatcher[Image.Image, EncodedImage] = MicroBatcher(
+            self._encode_batch, max_batch=config.max_batch_images, max_wait_s=config.batch_wait_ms / 1000,
+            max_queue=config.max_queue_images, on_batch=metrics.ENCODER_BATCH_SIZE.observe,
+            on_queue_depth=metrics.QUEUE_DEPTH.labels(ROLE).set)
+        self.batcher.start()
+
+    def warm_up(self) -> None:
+        """A real encode through processor and tower, so readiness means the whole path works."""
+        image = Image.new("RGB", (64, 64), (127, 64, 200))
+        [out] = self.encoder.encode([image])
+        if out.num_tokens < 1:
+            raise RuntimeError("warm-up encode produced no image tokens")
+
+    def encode(self, images: list[ImageRequest], timeout_s: float) -> list[LeasedEmbedding]:
+        decoded = [self._decode(i, im) for i, im in enumerate(images)]
+        keys = [embedding_key(pixel_digest(im), self.fingerprint) for im in decoded]
+        results: dict[str, EncodedImage] = {}
+        missing: dict[str, Image.Image] = {}
+        for key, image in zip(keys, decoded, strict=True):
+            if key in results or key in missing:
+                continue
+            hit = self.store.get(key)
+            (metrics.EMBEDDING_CACHE_HITS if hit else metrics.EMBEDDING_CACHE_MISSES).labels(ROLE).inc()
+            if hit is not None:
+                results[key] = hit
+            else:
+                missing[key] = image
+        if missing:
+            computed = self.batcher.submit_many(list(missing.values()), timeout_s)
+            for key, out in zip(missing, computed, strict=True):
+                self.store.put(key, out, _nbytes(out))
+                results[key] = out
+        metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
+        return [self._lease(key, results[key]) for key in keys]
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def _decode(self, index: int, image: ImageRequest) -> Image.Image:
+        if len(image.data) > self.config.max_image_bytes:
+            raise InvalidInput(f"image {index} is {len(image.data)} bytes; the limit is {self.config.max_image_bytes}")
+        try:
+            with Image.open(io.BytesIO(image.data)) as opened:
+                if opened.width * opened.height > self.config.max_image_pixels:
+                    raise InvalidInput(f"image {index} is {opened.width}x{opened.height} pixels; "
+                                       f"the limit is {self.config.max_image_pixels}")
+                opened.load()
+                rgb = opened.convert("RGB")
+        except InvalidInput:
+            raise
+        except Exception as exc:  # Pillow raises many types for bad files; all mean the same to a caller
+            raise InvalidInput(f"image {index} is not a readable image ({exc})") from None
+        if image.pixel_digest and image.pixel_digest != pixel_digest(rgb):
+            raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
+        return rgb
+
+    def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage]:
+        metrics.RUNNING.labels(ROLE).inc()
+        try:
+            return self.encoder.encode(images)
+        finally:
+            metrics.RUNNING.labels(ROLE).dec()
+
+    def _lease(self, key: str, image: EncodedImage) -> LeasedEmbedding:
+        # While a handle is out, the entry stays pinned: what prefill may still pull counts against the budget.
+        pinned = self.store.pin(key)
+        handle = self.sender.publish(list(image.tensors.items()), kind="embedding", ttl_s=self.config.lease_ttl_s,
+                                     on_release=(lambda: self.store.unpin(key)) if pinned else None)
+        return LeasedEmbedding(key, image, handle)
+
+    def _on_evict(self, key: str, image: EncodedImage) -> None:
+        metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
+
+
+def _nbytes(image: EncodedImage) -> int:
+    return sum(t.numel() * t.element_size() for t in image.tensors.values())

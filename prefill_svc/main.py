@@ -1,0 +1,71 @@
+"""`epd prefill`: load the language side, warm up, serve Prefill and Transfer (the KV it leases)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from epd.worker_args import add_worker_arguments, env_default, model_dir_or_demo, setup_logging, worker_options
+
+ROLE = "prefill"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_worker_arguments(p)
+    p.add_argument("--embedding-cache-mb", type=int, default=env_default("prefill_cache_mb", 256))
+    p.add_argument("--kv-lease-ttl-s", type=float, default=env_default("kv_lease_ttl_s", 60.0))
+    p.add_argument("--max-queue", type=int, default=env_default("max_queue", 64))
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    from epd.models.errors import ModelLoadError
+    from prefill_svc.config import PrefillConfig
+
+    try:
+        options = worker_options(args)
+        config = PrefillConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
+                               embedding_cache_bytes=args.embedding_cache_mb << 20,
+                               kv_lease_ttl_s=args.kv_lease_ttl_s, max_queue=args.max_queue)
+        from epd.engine.language import LanguageRunner
+        from epd.engine.pipeline import eos_token_ids
+        from epd.models.loading import load_language_model
+
+        language = load_language_model(config.model_dir)
+    except (ModelLoadError, ValueError) as exc:
+        print(f"epd prefill: {exc}", file=sys.stderr)
+        return 1
+    return _serve(LanguageRunner(language), eos_token_ids(language.model_dir, language.config), config, options)
+
+
+def _serve(runner, eos, config, options) -> int:
+    from epd.transfer.receiver import TransferReceiver
+    from epd.transfer.sender import TransferSender
+    from epd.transfer.servicer import add_transfer_service
+    from epd.v1 import prefill_pb2, prefill_pb2_grpc, transfer_pb2
+    from epd.worker import mark_ready, start_worker, wait_for_shutdown
+    from prefill_svc.service import PrefillService
+    from prefill_svc.servicer import PrefillServicer
+
+    sender = TransferSender(config.transfer_backend, owner_address="")
+    receiver = TransferReceiver(timeout_s=config.pull_timeout_s)
+    service = PrefillService(runner, receiver, sender, eos, config)
+
+    def add_services(server, address: str) -> list[str]:
+        sender.owner_address = address
+        prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(service), server)
+        add_transfer_service(server, sender)
+        return [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
+                transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name]
+
+    worker = start_worker(ROLE, options, add_services)
+    try:
+        service.warm_up()
+        sender.start_reaper()
+        mark_ready(worker, options.ready_file)
+        wait_for_shutdown(worker, on_stop=lambda: None)
+    finally:
+        receiver.close()
+        sender.close()
+        worker.server.stop(0)
+    return 0
