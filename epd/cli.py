@@ -9,12 +9,24 @@ from collections.abc import Sequence
 
 from epd.tiny.families import FAMILIES, SIZES
 
+# The CLI is the composition root: it names the service packages by module path and imports one
+# only when its command runs, so `epd` itself never depends on a service at import time.
+SERVICE_MODULES = {
+    "encoder": ("encoder_svc.main", "run an encoder worker: image processor + vision tower, gRPC Encode"),
+    "prefill": ("prefill_svc.main", "run a prefill worker: language model over the prompt, KV handed off"),
+    "decode": ("decode_svc.main", "run a decode worker: imports KV, streams tokens"),
+    "router": ("router.main", "run the router: OpenAI-compatible HTTP gateway + gRPC Router API"),
+}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="epd", description="EPD cluster: disaggregated multimodal MoE serving")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_make_tiny_model(commands)
     _add_generate(commands)
+    _add_serve(commands)
+    for role, module in SERVICE_MODULES.items():
+        _add_service(commands, role, module)
     args = parser.parse_args(argv)
     return args.run(args)
 
@@ -83,6 +95,52 @@ def _run_generate(args) -> int:
     else:
         print(result.text)
     return 0
+
+
+def _add_service(commands, role: str, module_help: tuple[str, str]) -> None:
+    import importlib
+
+    module_name, help_text = module_help
+    p = commands.add_parser(role, help=help_text)
+    module = importlib.import_module(module_name)
+    module.add_arguments(p)
+    p.set_defaults(run=module.run)
+
+
+def _add_serve(commands) -> None:
+    p = commands.add_parser("serve", help="start router + workers as local processes and serve until Ctrl-C")
+    p.add_argument("--model", help="checkpoint directory (default: the cached demo checkpoint)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="router HTTP port (0: pick a free one)")
+    p.add_argument("--grpc-port", type=int, default=0, help="router gRPC port (0: pick a free one)")
+    p.add_argument("--encoders", type=int, default=1)
+    p.add_argument("--prefills", type=int, default=1)
+    p.add_argument("--decodes", type=int, default=1)
+    p.add_argument("--transfer", choices=("grpc", "shm"), default="grpc")
+    p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let image URLs reach this (loopback/private) host; repeatable")
+    p.add_argument("--start-timeout-s", type=float, default=300.0)
+    p.add_argument("--log-level", default="WARNING")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args) -> int:
+    from epd.launcher import ServeOptions, serve
+
+    try:
+        model_dir = args.model
+        if model_dir is None:
+            from epd.demo import demo_model_dir
+
+            model_dir = str(demo_model_dir())
+        options = ServeOptions(model_dir=model_dir, host=args.host, port=args.port, grpc_port=args.grpc_port,
+                               encoders=args.encoders, prefills=args.prefills, decodes=args.decodes,
+                               transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
+                               start_timeout_s=args.start_timeout_s, log_level=args.log_level)
+    except ValueError as exc:
+        print(f"epd serve: {exc}", file=sys.stderr)
+        return 2
+    return serve(options)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,182 @@
+"""`epd serve`: the whole cluster on one machine, each role its own OS process on loopback.
+
+Workers start first, each with port 0 and a ready file (so no port is guessed and raced); the
+router starts once every worker has written its file, and the URL is printed only when the
+router's /ready says every role has a ready worker. Children get PR_SET_PDEATHSIG, so even a
+SIGKILLed launcher leaves no orphan; SIGTERM / Ctrl-C stop them in order and wait, bounded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_dir: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    grpc_port: int = 0
+    encoders: int = 1
+    prefills: int = 1
+    decodes: int = 1
+    transfer: str = "grpc"
+    allow_url_hosts: tuple[str, ...] = ()
+    start_timeout_s: float = 300.0
+    log_level: str = "WARNING"
+    extra_router_args: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        for name in ("encoders", "prefills", "decodes"):
+            if not 1 <= getattr(self, name) <= 64:
+                raise ValueError(f"--{name} must be between 1 and 64, got {getattr(self, name)}")
+        if self.transfer not in ("grpc", "shm"):
+            raise ValueError(f"--transfer must be grpc or shm, got {self.transfer!r}")
+
+
+class StartupFailed(RuntimeError):
+    pass
+
+
+def epd_command() -> list[str]:
+    """How to run `epd ...` so the process's command line names its role (`epd encoder ...`)."""
+    script = Path(sys.executable).parent / "epd"
+    if script.is_file():
+        return [sys.executable, str(script)]
+    found = shutil.which("epd")
+    return [sys.executable, found] if found else [sys.executable, "-m", "epd"]
+
+
+def _die_with_parent() -> None:
+    # Not Linux (no libc.so.6): the launcher's own signal handling still stops children.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class Cluster:
+    def __init__(self, options: ServeOptions) -> None:
+        self.options = options
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.stop_requested = False  # set from the signal handler; start() gives up at its next check
+        self.run_dir = Path(tempfile.mkdtemp(prefix="epd-serve-"))
+
+    def start(self) -> str:
+        """Start every process; return the router's base URL once the cluster is ready."""
+        o = self.options
+        workers = []
+        for role, count in (("encoder", o.encoders), ("prefill", o.prefills), ("decode", o.decodes)):
+            for index in range(count):
+                ready = self.run_dir / f"{role}-{index}.json"
+                args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
+                        "--log-level", o.log_level]
+                if role != "decode":
+                    args += ["--transfer", o.transfer]
+                self._spawn(f"{role}-{index}", args)
+                workers.append(ready)
+        infos = [self._wait_file(path) for path in workers]
+        router_ready = self.run_dir / "router.json"
+        args = ["router", "--model", o.model_dir, "--host", o.host, "--port", str(o.port),
+                "--grpc-port", str(o.grpc_port), "--ready-file", str(router_ready), "--log-level", o.log_level]
+        for info in infos:
+            args += [f"--{info['role']}", f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"]
+        for host in o.allow_url_hosts:
+            args += ["--allow-url-host", host]
+        self._spawn("router", args + list(o.extra_router_args))
+        router = self._wait_file(router_ready)
+        url = f"http://{o.host}:{router['http_port']}"
+        self._wait_ready(url)
+        self.grpc_address = f"{o.host}:{router['grpc_port']}"
+        return url
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Router first (no new work), then workers; SIGKILL whatever outlives the timeout."""
+        for _, proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for _, proc in reversed(self.children):
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def dead_child(self) -> tuple[str, int] | None:
+        for name, proc in self.children:
+            if proc.poll() is not None:
+                return name, proc.returncode
+        return None
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        proc = subprocess.Popen(epd_command() + args, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+        self.children.append((name, proc))
+
+    def _wait_file(self, path: Path) -> dict:
+        deadline = time.monotonic() + self.options.start_timeout_s
+        while not path.exists():
+            self._check_children()
+            if time.monotonic() > deadline:
+                raise StartupFailed(f"{path.stem} was not ready after {self.options.start_timeout_s:.0f} s")
+            time.sleep(0.1)
+        return json.loads(path.read_text())
+
+    def _wait_ready(self, url: str) -> None:
+        deadline = time.monotonic() + self.options.start_timeout_s
+        while True:
+            self._check_children()
+            try:
+                with urllib.request.urlopen(f"{url}/ready", timeout=2) as reply:
+                    if reply.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise StartupFailed(f"the router at {url} did not report ready in {self.options.start_timeout_s:.0f} s")
+            time.sleep(0.2)
+
+    def _check_children(self) -> None:
+        if self.stop_requested:
+            raise StartupFailed("stopped by a signal before the cluster was ready")
+        dead = self.dead_child()
+        if dead:
+            name, code = dead
+            raise StartupFailed(f"{name} exited with code {code} before the cluster was ready (its message is above)")
+
+
+def serve(options: ServeOptions) -> int:
+    """Run until SIGTERM / SIGINT or until a child dies; exit code 0 on a requested stop."""
+    cluster = Cluster(options)
+
+    def request_stop(*_) -> None:
+        cluster.stop_requested = True
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, request_stop)
+    try:
+        url = cluster.start()
+        print(f"EPD cluster ready: {url}/v1 (OpenAI-compatible; gRPC Router at {cluster.grpc_address}); "
+              f"Ctrl-C stops it", flush=True)
+        while not cluster.stop_requested:
+            dead = cluster.dead_child()
+            if dead:
+                print(f"epd serve: {dead[0]} exited with code {dead[1]}; stopping the cluster", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        return 0
+    except StartupFailed as exc:
+        print(f"epd serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()

@@ -1,0 +1,61 @@
+"""From token events to what clients see: incremental text, stop strings, finish reason, usage.
+
+Both front ends (HTTP/SSE and gRPC) consume `stream_completion`, so they cannot drift apart.
+Latency metrics are observed here, at the last point before the client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from epd import metrics
+from router.detokenizer import IncrementalDetokenizer, StopMatcher
+from router.orchestrator import Job, Orchestrator, aclose_quietly
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(frozen=True)
+class Final:
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+
+
+async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, stops: tuple[str, ...]
+                            ) -> AsyncIterator[Delta | Final]:
+    started = time.monotonic()
+    last_sent: float | None = None
+    detok = IncrementalDetokenizer(tokenizer)
+    matcher = StopMatcher(stops)
+    prompt_tokens, completion_tokens, finish = 0, 0, None
+    events = orchestrator.run(job)
+    try:
+        async for event in events:
+            prompt_tokens = prompt_tokens or event.prompt_tokens
+            completion_tokens += len(event.token_ids)
+            text, stopped = matcher.feed(detok.push(event.token_ids))
+            finish = "stop" if stopped else event.finish_reason
+            if finish is not None and not stopped:
+                tail, _ = matcher.feed(detok.flush())
+                text += tail + matcher.flush()
+            if text or event.token_ids:
+                now = time.monotonic()
+                if last_sent is None:
+                    metrics.TTFT.observe(now - started)
+                else:
+                    metrics.INTER_TOKEN.observe(now - last_sent)
+                last_sent = now
+                yield Delta(text, list(event.token_ids))
+            if finish is not None:
+                break
+    finally:
+        await aclose_quietly(events)  # a stop string or a gone client ends the decode stream here
+    metrics.E2E.observe(time.monotonic() - started)
+    yield Final("stop" if finish in (None, "cancelled") else finish, prompt_tokens, completion_tokens)

@@ -1,0 +1,166 @@
+"""The OpenAI-compatible HTTP gateway (FastAPI): chat completions, models, health, readiness,
+metrics and the worker list. Every error body has OpenAI's shape."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from epd import metrics
+from router.chat_request import ChatRequest, RequestLimits, parse_chat_request
+from router.completion import Delta, Final, stream_completion
+from router.errors import RequestError, error_body, http_status_for
+from router.frontend import Frontend
+from router.openai_format import chunk, completion_body, usage_chunk
+from router.orchestrator import Job, Orchestrator, UpstreamError, aclose_quietly
+from router.workers import ROLES, WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """Everything a request handler needs; built once at start-up."""
+
+    model_name: str
+    registry: WorkerRegistry
+    orchestrator: Orchestrator
+    frontend: Frontend
+    limits: RequestLimits
+
+
+def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
+    app = FastAPI(title="EPD cluster router", lifespan=lifespan)
+    app.state.gateway = gateway
+
+    @app.exception_handler(RequestError)
+    async def _request_error(_, exc: RequestError):
+        return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(exc.status_code, str(exc.detail), kind)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await _chat(gateway, request)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": gateway.model_name, "object": "model", "created": 0,
+                                            "owned_by": "epd"}]}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        roles = {role: len(gateway.registry.ready(role)) for role in ROLES}
+        ok = gateway.registry.is_ready()
+        return JSONResponse({"ready": ok, "ready_workers": roles}, status_code=200 if ok else 503)
+
+    @app.get("/workers")
+    async def workers():
+        return {"workers": gateway.registry.snapshot()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+def _upstream_error(exc: UpstreamError) -> JSONResponse:
+    status, kind = http_status_for(exc.code)
+    return _error(status, exc.message, kind, code=exc.code.name.lower())
+
+
+async def _chat(gateway: Gateway, request: Request):
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}") from None
+    chat = parse_chat_request(body, limits=gateway.limits)
+    if chat.model and chat.model != gateway.model_name:
+        raise RequestError(f"the model {chat.model!r} does not exist; this server serves {gateway.model_name!r}",
+                           status=404, type="not_found_error", param="model", code="model_not_found")
+    job = await gateway.frontend.prepare(chat)
+    events = stream_completion(gateway.orchestrator, gateway.frontend.tokenizer, job, chat.stop)
+    metrics.RUNNING.labels("router").inc()
+    try:
+        first = await anext(events)  # errors before the first token still get a proper HTTP status
+    except UpstreamError as exc:
+        metrics.RUNNING.labels("router").dec()
+        metrics.REQUESTS.labels("router", exc.code.name.lower()).inc()
+        await aclose_quietly(events)
+        return _upstream_error(exc)
+    except BaseException:
+        metrics.RUNNING.labels("router").dec()
+        raise
+    if chat.stream:
+        return StreamingResponse(_sse(gateway, chat, job, first, events), media_type="text/event-stream")
+    return await _collect(gateway, chat, job, first, events)
+
+
+async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, events: AsyncIterator) -> JSONResponse:
+    text, ids, status = [], [], "error"
+    try:
+        item = first
+        while not isinstance(item, Final):
+            text.append(item.text)
+            ids.extend(item.token_ids)
+            item = await anext(events)
+        status = "ok"
+        return JSONResponse(completion_body(job.request_id, gateway.model_name, "".join(text), ids, item,
+                                            job.prompt_ids if chat.return_token_ids else None))
+    except UpstreamError as exc:
+        status = exc.code.name.lower()
+        return _upstream_error(exc)
+    finally:
+        metrics.RUNNING.labels("router").dec()
+        metrics.REQUESTS.labels("router", status).inc()
+        await aclose_quietly(events)
+
+
+async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, events: AsyncIterator) -> AsyncIterator[str]:
+    created, name, rid = int(time.time()), gateway.model_name, job.request_id
+    ids = [] if chat.return_token_ids else None
+    status = "cancelled"
+    try:
+        yield _data(chunk(rid, name, created, {"role": "assistant", "content": ""}))
+        item = first
+        while isinstance(item, Delta):
+            yield _data(chunk(rid, name, created, {"content": item.text}, token_ids=item.token_ids if ids is not None
+                              else None))
+            item = await anext(events)
+        yield _data(chunk(rid, name, created, {}, finish_reason=item.finish_reason))
+        if chat.include_usage:
+            yield _data(usage_chunk(rid, name, created, item))
+        status = "ok"
+    except UpstreamError as exc:
+        status = exc.code.name.lower()
+        _, kind = http_status_for(exc.code)
+        yield _data(error_body(exc.message, kind, None, exc.code.name.lower()))
+    finally:
+        metrics.RUNNING.labels("router").dec()
+        metrics.REQUESTS.labels("router", status).inc()
+        await aclose_quietly(events)
+    yield "data: [DONE]\n\n"
+
+
+def _data(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

@@ -1,0 +1,122 @@
+"""`epd router`: the OpenAI-compatible HTTP gateway and the gRPC Router API in one process.
+
+It loads only the tokenizer and the config (chat template, image token id): no weights, no image
+processor — those belong to the workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from epd.worker_args import env_default, model_dir_or_demo, setup_logging
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=env_default("model", None), help="checkpoint directory (tokenizer, template)")
+    p.add_argument("--model-name", default=None, help="the id clients pass as `model` (default: directory name)")
+    p.add_argument("--host", default=env_default("host", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=env_default("port", 8000), help="HTTP port (0: pick a free one)")
+    p.add_argument("--grpc-port", type=int, default=env_default("grpc_port", 0),
+                   help="port of the gRPC Router API (0: pick a free one)")
+    for role in ("encoder", "prefill", "decode"):
+        p.add_argument(f"--{role}", action="append", default=[], metavar="HOST:PORT[,metrics=URL]",
+                       help=f"a {role} worker; repeatable")
+    p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
+                   help="let image URLs reach this host even if it is loopback/private; repeatable")
+    p.add_argument("--encoder-policy", default="affinity")
+    p.add_argument("--prefill-policy", default="least_outstanding_tokens")
+    p.add_argument("--decode-policy", default="least_outstanding")
+    p.add_argument("--max-images", type=int, default=8, help="images per request")
+    p.add_argument("--max-tokens-limit", type=int, default=4096)
+    p.add_argument("--max-prompt-tokens", type=int, default=32768)
+    p.add_argument("--request-timeout-s", type=float, default=600.0)
+    p.add_argument("--ready-file", default=None)
+    p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
+
+
+def run(args: argparse.Namespace) -> int:
+    setup_logging(args.log_level)
+    try:
+        gateway = build_gateway(args)
+        sock = socket.create_server((args.host, args.port), reuse_port=False)
+    except (OSError, ValueError) as exc:
+        print(f"epd router: {exc}", file=sys.stderr)
+        return 1
+    return asyncio.run(_serve(args, gateway, sock))
+
+
+def build_gateway(args: argparse.Namespace):
+    import httpx
+    from transformers import AutoConfig, AutoTokenizer
+
+    from router.chat_request import RequestLimits
+    from router.frontend import Frontend
+    from router.http_app import Gateway
+    from router.image_source import ImageLimits
+    from router.orchestrator import Orchestrator
+    from router.workers import WorkerRegistry, WorkerSpec
+
+    model_dir = Path(model_dir_or_demo(args.model))
+    if not (model_dir / "config.json").is_file():
+        raise ValueError(f"{model_dir}: not a checkpoint directory (config.json is missing)")
+    specs = [WorkerSpec.parse(role, text) for role in ("encoder", "prefill", "decode")
+             for text in getattr(args, role)]
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    image_token_id = int(AutoConfig.from_pretrained(model_dir).image_token_id)
+    registry = WorkerRegistry(specs)
+    orchestrator = Orchestrator(registry, image_token_id, encoder_policy=args.encoder_policy,
+                                prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
+    frontend = Frontend(tokenizer=tokenizer, http=httpx.AsyncClient(follow_redirects=False),
+                        image_limits=ImageLimits(), allowed_hosts=frozenset(h.lower() for h in args.allow_url_host),
+                        max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s)
+    limits = RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)
+    return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits)
+
+
+async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
+    import grpc
+    import uvicorn
+
+    from epd.v1 import router_pb2_grpc
+    from router.grpc_api import RouterServicer
+    from router.http_app import create_app
+
+    grpc_server = grpc.aio.server()
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(gateway), grpc_server)
+    grpc_port = grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}")
+    http_port = sock.getsockname()[1]
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        await gateway.registry.start()
+        await grpc_server.start()
+        _write_ready(args.ready_file, http_port, grpc_port)
+        print(f"epd router: serving http://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
+              flush=True)
+        try:
+            yield
+        finally:
+            await grpc_server.stop(2.0)
+            await gateway.registry.close()
+            await gateway.frontend.http.aclose()
+
+    config = uvicorn.Config(create_app(gateway, lifespan), log_level=args.log_level.lower(),
+                            timeout_graceful_shutdown=3)
+    await uvicorn.Server(config).serve(sockets=[sock])
+    return 0
+
+
+def _write_ready(path: str | None, http_port: int, grpc_port: int) -> None:
+    if not path:
+        return
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({"role": "router", "http_port": http_port, "grpc_port": grpc_port,
+                               "pid": os.getpid()}))
+    tmp.replace(path)

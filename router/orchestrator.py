@@ -1,0 +1,171 @@
+"""One request across the workers: Encode (affinity by image digest) → expand placeholders →
+Prefill (least outstanding) → Decode (least outstanding, streamed).
+
+Retries go to another worker only before the first token exists and only for failures that mean
+"this worker could not take it" (UNAVAILABLE, RESOURCE_EXHAUSTED); after that a failure reaches the
+client as an error. Closing the event stream (client gone, stop string) cancels the decode call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from epd.deadlines import deadline_ms_in
+from epd.engine.placeholders import expand_placeholders
+from epd.engine.sampling import SamplingParams
+from epd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, encoder_pb2, encoder_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from epd.wire.sampling import sampling_to_pb
+from router.policies import NoWorkerAvailable, make_policy
+from router.workers import Worker, WorkerRegistry
+
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
+          common_pb2.FINISH_REASON_CANCELLED: "cancelled"}
+
+
+class UpstreamError(Exception):
+    """A worker (or the lack of one) failed the request; `code` is the gRPC status to report."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    data: bytes  # the encoded file as the client sent it
+    pixel_digest: str
+
+
+@dataclass(frozen=True)
+class Job:
+    request_id: str
+    prompt_ids: list[int]  # one placeholder token per image
+    images: list[ImagePart]
+    sampling: SamplingParams
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token_ids: list[int]
+    finish_reason: str | None = None  # set on the last event
+    prompt_tokens: int = 0  # set on the first event
+
+
+class Orchestrator:
+    def __init__(self, registry: WorkerRegistry, image_token_id: int, attempts: int = 3,
+                 encoder_policy: str = "affinity", prefill_policy: str = "least_outstanding",
+                 decode_policy: str = "least_outstanding") -> None:
+        self.registry = registry
+        self.image_token_id = image_token_id
+        self.attempts = attempts
+        self.policies = {"encoder": make_policy(encoder_policy), "prefill": make_policy(prefill_policy),
+                         "decode": make_policy(decode_policy)}
+
+    async def run(self, job: Job) -> AsyncIterator[TokenEvent]:
+        deadline = time.monotonic() + job.timeout_s
+        ids, starts, embeddings = list(job.prompt_ids), [], []
+        if job.images:
+            embeddings = await self._encode(job, deadline)
+            try:
+                ids, starts = expand_placeholders(job.prompt_ids, self.image_token_id,
+                                                  [e.num_image_tokens for e in embeddings])
+            except ValueError as exc:
+                raise UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        request = prefill_pb2.PrefillRequest(request_id=job.request_id, token_ids=ids, embeddings=embeddings,
+                                             mm_positions=starts, sampling=sampling_to_pb(job.sampling))
+        prefilled = await self._with_retries("prefill", None, len(ids), deadline,
+                                             lambda w, t: self._prefill(w, request, t))
+        finish = FINISH.get(prefilled.finish_reason)
+        yield TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
+        if finish is None:
+            async for event in self._decode(job, prefilled, deadline):
+                yield event
+
+    async def _encode(self, job: Job, deadline: float) -> list[common_pb2.EmbeddingRef]:
+        request = encoder_pb2.EncodeRequest(request_id=job.request_id, images=[
+            encoder_pb2.ImageInput(image_digest=im.pixel_digest, data=im.data) for im in job.images])
+
+        async def call(worker: Worker, timeout: float):
+            request.deadline_ms = deadline_ms_in(timeout)
+            reply = await encoder_pb2_grpc.EncoderStub(worker.channel).Encode(request, timeout=timeout)
+            return list(reply.embeddings)
+
+        embeddings = await self._with_retries("encoder", job.images[0].pixel_digest, 0, deadline, call)
+        if len(embeddings) != len(job.images):
+            raise UpstreamError(grpc.StatusCode.INTERNAL, f"encoder answered {len(embeddings)} embeddings "
+                                f"for {len(job.images)} images")
+        return embeddings
+
+    @staticmethod
+    async def _prefill(worker: Worker, request: prefill_pb2.PrefillRequest, timeout: float):
+        request.deadline_ms = deadline_ms_in(timeout)
+        return await prefill_pb2_grpc.PrefillStub(worker.channel).Prefill(request, timeout=timeout)
+
+    async def _decode(self, job: Job, prefilled, deadline: float) -> AsyncIterator[TokenEvent]:
+        worker = self._pick("decode", None)
+        timeout = _left(deadline)
+        request = decode_pb2.DecodeRequest(request_id=job.request_id, kv=prefilled.kv,
+                                           first_token_id=prefilled.first_token_id,
+                                           sampling=sampling_to_pb(job.sampling), deadline_ms=deadline_ms_in(timeout))
+        call = decode_pb2_grpc.DecodeStub(worker.channel).Decode(request, timeout=timeout)
+        worker.outstanding += 1
+        try:
+            async for chunk in call:
+                yield TokenEvent(list(chunk.token_ids), FINISH.get(chunk.finish_reason))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                self.registry.mark_failed(worker, exc.details() or "unavailable")
+            raise UpstreamError(exc.code(), f"decode worker {worker.address}: {exc.details()}") from None
+        finally:
+            worker.outstanding -= 1
+            call.cancel()  # no-op when the stream ended; otherwise the worker sees the cancellation
+
+    async def _with_retries(self, role: str, key: str | None, tokens: int, deadline: float,
+                            call: Callable[[Worker, float], Awaitable]):
+        last: UpstreamError | None = None
+        tried: set[str] = set()
+        for _ in range(self.attempts):
+            worker = self._pick(role, key, exclude=tried)
+            tried.add(worker.address)
+            worker.outstanding += 1
+            worker.outstanding_tokens += tokens
+            try:
+                return await call(worker, _left(deadline))
+            except grpc.aio.AioRpcError as exc:
+                last = UpstreamError(exc.code(), f"{role} worker {worker.address}: {exc.details()}")
+                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                    self.registry.mark_failed(worker, exc.details() or "unavailable")
+                if exc.code() not in RETRYABLE:
+                    raise last from None
+            finally:
+                worker.outstanding -= 1
+                worker.outstanding_tokens -= tokens
+        raise last
+
+    def _pick(self, role: str, key: str | None, exclude: set[str] = frozenset()) -> Worker:
+        candidates = [w for w in self.registry.ready(role) if w.address not in exclude] or self.registry.ready(role)
+        try:
+            return self.policies[role].pick(candidates, key)
+        except NoWorkerAvailable:
+            raise UpstreamError(grpc.StatusCode.UNAVAILABLE, f"no ready {role} worker") from None
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise UpstreamError(grpc.StatusCode.DEADLINE_EXCEEDED, "the request's deadline passed")
+    return left
+
+
+async def aclose_quietly(stream: AsyncIterator) -> None:
+    """Close an async generator, swallowing what its cleanup raises (the client is gone anyway)."""
+    with contextlib.suppress(Exception):
+        await stream.aclose()

@@ -1,0 +1,127 @@
+"""The router's view of its workers: addresses from config, state from the standard gRPC health check.
+
+A worker is routable only while `ready`. One failed check (or a call that found it UNAVAILABLE)
+makes it `unhealthy`; `eject_after` consecutive failures make it `ejected`; a SERVING answer
+re-admits it. Checks are bounded by `check_timeout_s`, so a hung worker costs one timeout, not a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from epd.worker import GRPC_OPTIONS
+
+log = logging.getLogger(__name__)
+ROLES = ("encoder", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str
+    address: str
+    metrics_url: str = ""
+
+    @staticmethod
+    def parse(role: str, text: str) -> WorkerSpec:
+        """`host:port[,metrics=URL]`, as given on the command line."""
+        address, *options = [p.strip() for p in text.split(",")]
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"--{role} {text!r}: expected host:port[,metrics=URL]")
+        metrics_url = ""
+        for option in options:
+            key, _, value = option.partition("=")
+            if key != "metrics" or not value:
+                raise ValueError(f"--{role} {text!r}: unknown option {option!r} (only metrics=URL)")
+            metrics_url = value
+        return WorkerSpec(role, address, metrics_url)
+
+
+@dataclass(eq=False)
+class Worker:
+    spec: WorkerSpec
+    channel: grpc.aio.Channel
+    state: str = "starting"  # starting | ready | unhealthy | ejected
+    failures: int = 0
+    outstanding: int = 0  # requests in flight on this worker
+    outstanding_tokens: int = 0  # prompt tokens in flight (prefill's load measure)
+    last_error: str = field(default="", repr=False)
+
+    @property
+    def address(self) -> str:
+        return self.spec.address
+
+    @property
+    def role(self) -> str:
+        return self.spec.role
+
+
+class WorkerRegistry:
+    def __init__(self, specs: list[WorkerSpec], interval_s: float = 1.0, check_timeout_s: float = 1.0,
+                 eject_after: int = 3) -> None:
+        self.specs = specs
+        self.interval_s = interval_s
+        self.check_timeout_s = check_timeout_s
+        self.eject_after = eject_after
+        self.workers: list[Worker] = []
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.workers = [Worker(s, grpc.aio.insecure_channel(s.address, options=GRPC_OPTIONS)) for s in self.specs]
+        await self.poll_once()
+        self._task = asyncio.create_task(self._poll_forever(), name="epd-health-poller")
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+        for w in self.workers:
+            await w.channel.close()
+
+    def ready(self, role: str) -> list[Worker]:
+        return [w for w in self.workers if w.role == role and w.state == "ready"]
+
+    def is_ready(self) -> bool:
+        return all(self.ready(role) for role in ROLES)
+
+    def mark_failed(self, worker: Worker, reason: str) -> None:
+        """A call found the worker unreachable: stop routing to it until a health check passes."""
+        worker.failures += 1
+        worker.state = "ejected" if worker.failures >= self.eject_after else "unhealthy"
+        worker.last_error = reason
+
+    def snapshot(self) -> list[dict]:
+        return [{"role": w.role, "address": w.address, "metrics_url": w.spec.metrics_url, "state": w.state,
+                 "outstanding": w.outstanding, "last_error": w.last_error} for w in self.workers]
+
+    async def poll_once(self) -> None:
+        await asyncio.gather(*(self._check(w) for w in self.workers))
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.poll_once()
+            except Exception:  # a poller that dies silently would freeze every state; log and go on
+                log.exception("health poll failed")
+
+    async def _check(self, worker: Worker) -> None:
+        stub = health_pb2_grpc.HealthStub(worker.channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=self.check_timeout_s)
+            serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+            reason = "" if serving else health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.aio.AioRpcError as exc:
+            serving, reason = False, f"{exc.code().name}: {exc.details()}"
+        if serving:
+            if worker.state != "ready":
+                log.info("%s %s is ready", worker.role, worker.address)
+            worker.state, worker.failures, worker.last_error = "ready", 0, ""
+        elif worker.state == "starting":
+            worker.last_error = reason  # never ready yet (still loading): not routable, not an incident
+        else:
+            self.mark_failed(worker, reason)
