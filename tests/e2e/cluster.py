@@ -1,0 +1,95 @@
+"""Start `epd serve` (or one `epd` service) as a real process tree on loopback, and stop it for sure."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+EPD = [sys.executable, str(Path(sys.executable).parent / "epd")]
+READY = re.compile(r"EPD cluster ready: (http://\S+)/v1 .*gRPC Router at (\S+)\)")
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of `pid`, from /proc (no psutil on a fresh machine)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@dataclass
+class RunningCluster:
+    proc: subprocess.Popen
+    url: str
+    grpc_address: str
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.url}/v1"
+
+    def worker_pids(self) -> list[int]:
+        return children_of(self.proc.pid)
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+            raise
+
+
+def _pump(stream, sink: list[str], echo) -> None:
+    for line in stream:
+        sink.append(line)
+        echo.write(line)
+
+
+def start_cluster(model_dir: str, *extra: str, timeout_s: float = 300.0) -> RunningCluster:
+    """`epd serve --model DIR --port 0 ...`; returns once it printed its ready line."""
+    proc = subprocess.Popen([*EPD, "serve", "--model", model_dir, "--port", "0", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    output: list[str] = []
+    threading.Thread(target=_pump, args=(proc.stdout, output, sys.stderr), daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(output):
+            match = READY.search(line)
+            if match:
+                return RunningCluster(proc, match.group(1), match.group(2), output)
+        if proc.poll() is not None:
+            raise RuntimeError(f"epd serve exited with {proc.returncode}:\n{''.join(output)}")
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise RuntimeError(f"epd serve not ready after {timeout_s} s:\n{''.join(output)}")
