@@ -23,12 +23,15 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from encoder_svc.config import EncoderConfig
     from epd.models.errors import ModelLoadError
+    from epd.models.processor_files import require_image_processor_config
 
     try:
         options = worker_options(args)
         config = EncoderConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
                                max_batch_images=args.max_batch_images, batch_wait_ms=args.batch_wait_ms,
                                cache_bytes=args.cache_mb << 20, lease_ttl_s=args.lease_ttl_s)
+        # Checked before importing torch/transformers (seconds), so a broken deployment fails at once.
+        require_image_processor_config(config.model_dir)
         from epd.engine.encode import ImageEncoder
         from epd.models.loading import load_encoder
 

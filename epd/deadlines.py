@@ -10,11 +10,10 @@ def remaining_s(deadline_ms: int, call_left_s: float | None, default_s: float) -
 
     Raises TimeoutError when nothing is left, so a late request never starts work.
     """
-    budget = default_s
-    if deadline_ms > 0:
-        budget = deadline_ms / 1000 - time.time()
+    limits = [deadline_ms / 1000 - time.time()] if deadline_ms > 0 else []
     if call_left_s is not None:
-        budget = min(budget, call_left_s)
+        limits.append(call_left_s)
+    budget = min(limits) if limits else default_s
     if budget <= 0:
         raise TimeoutError("the request's deadline has passed")
     return budget

@@ -20,7 +20,7 @@ from router.errors import RequestError
 # "developer" is OpenAI's newer name for the system role.
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # torch.Generator.manual_seed accepts exactly this range.
-_SEED_MIN, _SEED_MAX = -(2**63), 2**64 - 1
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1  # the wire's `optional int64 seed`
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
+
 from epd import metrics
 from router.detokenizer import IncrementalDetokenizer, StopMatcher
-from router.orchestrator import Job, Orchestrator, aclose_quietly
+from router.orchestrator import Job, Orchestrator, UpstreamError, aclose_quietly
 
 
 @dataclass(frozen=True)
@@ -57,5 +59,11 @@ async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, sto
                 break
     finally:
         await aclose_quietly(events)  # a stop string or a gone client ends the decode stream here
+    if finish in (None, "cancelled"):
+        # Not the client's doing (that closes this generator instead): a worker cut the answer short.
+        # Calling it "stop" would pass a truncated answer off as a natural end.
+        raise UpstreamError(grpc.StatusCode.CANCELLED if finish else grpc.StatusCode.INTERNAL,
+                            "the decode worker cancelled the request" if finish
+                            else "the token stream ended without a finish reason")
     metrics.E2E.observe(time.monotonic() - started)
-    yield Final("stop" if finish in (None, "cancelled") else finish, prompt_tokens, completion_tokens)
+    yield Final(finish, prompt_tokens, completion_tokens)

@@ -30,6 +30,9 @@ def import_kv(tensors: NamedTensors, config: PretrainedConfig) -> tuple[DynamicC
     num_layers = len(tensors) // 2
     if len(tensors) != 2 * num_layers or len(by_name) != len(tensors) or num_layers == 0:
         raise ValueError(f"KV tensors must be keys/values pairs per layer, got names {[n for n, _ in tensors]}")
+    expected_layers = getattr(config.get_text_config(), "num_hidden_layers", None)
+    if expected_layers is not None and num_layers != expected_layers:
+        raise ValueError(f"KV has {num_layers} layers; the model has {expected_layers}")
     cache = DynamicCache(config=config)
     length = None
     for index in range(num_layers):
@@ -37,9 +40,9 @@ def import_kv(tensors: NamedTensors, config: PretrainedConfig) -> tuple[DynamicC
             keys, values = by_name[f"layer.{index}.keys"], by_name[f"layer.{index}.values"]
         except KeyError as missing:
             raise ValueError(f"KV tensors lack {missing.args[0]!r}") from None
-        if keys.ndim != 3 or values.ndim != 3 or keys.shape[1] != values.shape[1]:
+        if keys.ndim != 3 or values.ndim != 3 or keys.shape[:2] != values.shape[:2]:
             raise ValueError(f"layer {index}: keys {tuple(keys.shape)} and values {tuple(values.shape)} "
-                             "must both be [heads, T, dim] with the same T")
+                             "must both be [heads, T, dim] with the same heads and T")
         if length is not None and keys.shape[1] != length:
             raise ValueError(f"layer {index} holds {keys.shape[1]} tokens, layer 0 holds {length}")
         length = int(keys.shape[1])

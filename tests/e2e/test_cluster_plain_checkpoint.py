@@ -1,0 +1,36 @@
+"""`epd serve` on a Qwen3-VL-MoE checkpoint written by plain transformers code (not make-tiny-model)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.e2e.cluster import start_cluster
+from tests.e2e.conftest import data_url, openai_messages, pattern_image, reference
+from tests.plain_checkpoint import write_plain_qwen_checkpoint
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    model_dir = write_plain_qwen_checkpoint(tmp_path_factory.mktemp("plain") / "plain_qwen")
+    cluster = start_cluster(model_dir)
+    yield model_dir, openai.OpenAI(base_url=cluster.base_url, api_key="unused", max_retries=0, timeout=120)
+    assert cluster.stop() == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_plain_checkpoint_cluster_equals_transformers(plain, stream):
+    model_dir, client = plain
+    expected_ids, expected_text = reference(model_dir, (5, 6), 24)
+    assert len(set(expected_ids)) >= 6
+    reply = client.chat.completions.create(
+        model="plain_qwen", messages=openai_messages([data_url(pattern_image(5)), data_url(pattern_image(6))]),
+        max_tokens=24, temperature=0, stream=stream, extra_body={"return_token_ids": True})
+    if stream:
+        chunks = [c for chunk in reply for c in chunk.choices]
+        ids = [t for c in chunks for t in (c.delta.model_extra or {}).get("token_ids") or []]
+        text = "".join(c.delta.content or "" for c in chunks)
+    else:
+        ids, text = reply.choices[0].model_extra["token_ids"], reply.choices[0].message.content
+    assert ids == expected_ids
+    assert text == expected_text

@@ -1,0 +1,13 @@
+"""The CLI spells out family and size names so that parsing flags stays fast; they must not drift."""
+
+from epd import cli
+from epd.tiny import families
+
+
+def test_cli_family_and_size_choices_match_the_generator():
+    assert sorted(cli.FAMILY_NAMES) == sorted(families.FAMILIES)
+    assert cli.SIZES == families.SIZES
+
+
+def test_every_service_command_is_registered():
+    assert set(cli.SERVICE_MODULES) == {"encoder", "prefill", "decode", "router"}

@@ -1,0 +1,185 @@
+"""status_for's table, and ErrorMappingInterceptor on a real gRPC server: what a client sees for each error."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from epd.batcher import QueueFull
+from epd.rpc_errors import ErrorMappingInterceptor, InvalidInput, Overloaded, status_for
+from epd.transfer.errors import TransferError
+from epd.transfer.leases import LeaseTableFull
+
+Code = grpc.StatusCode
+
+
+# --- status_for --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc, code", [
+    (InvalidInput("bad"), Code.INVALID_ARGUMENT),
+    (ValueError("bad"), Code.INVALID_ARGUMENT),
+    (Overloaded("full"), Code.RESOURCE_EXHAUSTED),
+    (QueueFull("full"), Code.RESOURCE_EXHAUSTED),
+    (LeaseTableFull("full"), Code.RESOURCE_EXHAUSTED),
+    (TimeoutError("late"), Code.DEADLINE_EXCEEDED),
+    (RuntimeError("boom"), Code.INTERNAL),
+    (KeyError("k"), Code.INTERNAL),
+    (Exception("plain"), Code.INTERNAL),
+])
+def test_status_for(exc, code):
+    assert status_for(exc) is code
+
+
+@pytest.mark.parametrize("code", [Code.NOT_FOUND, Code.UNAVAILABLE, Code.DATA_LOSS, Code.DEADLINE_EXCEEDED,
+                                  Code.INVALID_ARGUMENT])
+def test_transfer_error_carries_its_own_code(code):
+    assert status_for(TransferError(code, "gone", handle_id="h1", owner_address="10.0.0.1:5")) is code
+
+
+def test_transfer_error_message_names_handle_and_owner():
+    exc = TransferError(Code.NOT_FOUND, "lease expired", handle_id="h1", owner_address="")
+    assert str(exc) == "lease expired (transfer handle 'h1' owned by <no address>)"
+    assert (exc.handle_id, exc.owner_address) == ("h1", "")
+
+
+def test_invalid_input_is_a_value_error_and_overloaded_a_runtime_error():
+    assert issubclass(InvalidInput, ValueError)
+    assert issubclass(Overloaded, RuntimeError)
+
+
+# --- the interceptor on a real server ------------------------------------------------------------------------
+
+
+def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
+    what = request.decode()
+    if what == "ok":
+        return b"fine"
+    if what == "invalid":
+        raise InvalidInput("max_tokens must be >= 1, got 0")
+    if what == "overloaded":
+        raise Overloaded("8 requests already wait for the model; try again later")
+    if what == "boom":
+        raise RuntimeError("kaput")
+    if what == "empty":
+        raise RuntimeError()
+    if what == "timeout":
+        raise TimeoutError("waited 1.0 s for the model without getting a turn")
+    if what == "transfer":
+        raise TransferError(Code.DATA_LOSS, "short read", handle_id="h9", owner_address="o:1")
+    if what == "abort":
+        context.abort(Code.NOT_FOUND, "no such handle")
+    raise AssertionError(what)
+
+
+def stream(request: bytes, context: grpc.ServicerContext):
+    yield b"first"
+    what = request.decode()
+    if what == "ok":
+        yield b"second"
+        return
+    if what == "invalid":
+        raise InvalidInput("bad stop token")
+    if what == "overloaded":
+        raise QueueFull("queue full")
+    if what == "boom":
+        raise RuntimeError("kaput")
+    if what == "abort":
+        context.abort(Code.NOT_FOUND, "no such handle")
+    raise AssertionError(what)
+
+
+def identity(x: bytes) -> bytes:
+    return x
+
+
+@pytest.fixture(scope="module")
+def channel():
+    handler = grpc.method_handlers_generic_handler("t.S", {
+        "M": grpc.unary_unary_rpc_method_handler(unary, request_deserializer=identity, response_serializer=identity),
+        "Stream": grpc.unary_stream_rpc_method_handler(stream, request_deserializer=identity,
+                                                       response_serializer=identity),
+    })
+    server = grpc.server(ThreadPoolExecutor(max_workers=4), handlers=[handler],
+                         interceptors=[ErrorMappingInterceptor()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    chan = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield chan
+    finally:
+        chan.close()
+        server.stop(0)
+
+
+def call_unary(channel, what: str) -> grpc.RpcError:
+    method = channel.unary_unary("/t.S/M", request_serializer=identity, response_deserializer=identity)
+    with pytest.raises(grpc.RpcError) as info:
+        method(what.encode(), timeout=5)
+    return info.value
+
+
+def call_stream(channel, what: str) -> tuple[list[bytes], grpc.RpcError | None]:
+    method = channel.unary_stream("/t.S/Stream", request_serializer=identity, response_deserializer=identity)
+    got: list[bytes] = []
+    try:
+        for item in method(what.encode(), timeout=5):
+            got.append(item)
+    except grpc.RpcError as exc:
+        return got, exc
+    return got, None
+
+
+def test_unary_success_passes_through(channel):
+    method = channel.unary_unary("/t.S/M", request_serializer=identity, response_deserializer=identity)
+    assert method(b"ok", timeout=5) == b"fine"
+
+
+@pytest.mark.parametrize("what, code, details", [
+    ("invalid", Code.INVALID_ARGUMENT, "max_tokens must be >= 1, got 0"),
+    ("overloaded", Code.RESOURCE_EXHAUSTED, "8 requests already wait for the model; try again later"),
+    ("boom", Code.INTERNAL, "kaput"),
+    ("empty", Code.INTERNAL, "RuntimeError"),  # no message: the type's name, never an empty status
+    ("timeout", Code.DEADLINE_EXCEEDED, "waited 1.0 s for the model without getting a turn"),
+    ("transfer", Code.DATA_LOSS, "short read (transfer handle 'h9' owned by o:1)"),
+    ("abort", Code.NOT_FOUND, "no such handle"),  # the servicer's own abort is left untouched
+])
+def test_unary_error_becomes_status(channel, what, code, details):
+    error = call_unary(channel, what)
+    assert (error.code(), error.details()) == (code, details)
+
+
+def test_stream_success_passes_through(channel):
+    assert call_stream(channel, "ok") == ([b"first", b"second"], None)
+
+
+@pytest.mark.parametrize("what, code, details", [
+    ("invalid", Code.INVALID_ARGUMENT, "bad stop token"),
+    ("overloaded", Code.RESOURCE_EXHAUSTED, "queue full"),
+    ("boom", Code.INTERNAL, "kaput"),
+    ("abort", Code.NOT_FOUND, "no such handle"),
+])
+def test_stream_error_after_one_item_becomes_status(channel, what, code, details):
+    got, error = call_stream(channel, what)
+    assert got == [b"first"]
+    assert error is not None
+    assert (error.code(), error.details()) == (code, details)
+
+
+def test_internal_errors_are_logged_and_client_errors_are_not(channel, caplog):
+    with caplog.at_level("ERROR", logger="epd.rpc_errors"):
+        call_unary(channel, "invalid")
+        assert [r for r in caplog.records if r.name == "epd.rpc_errors"] == []
+        call_unary(channel, "boom")
+    logged = [r for r in caplog.records if r.name == "epd.rpc_errors"]
+    assert [r.getMessage() for r in logged] == ["/t.S/M failed"]
+    assert logged[0].exc_info is not None
+
+
+def test_unknown_method_is_unimplemented(channel):
+    method = channel.unary_unary("/t.S/Nope", request_serializer=identity, response_deserializer=identity)
+    with pytest.raises(grpc.RpcError) as info:
+        method(b"", timeout=5)
+    assert info.value.code() is Code.UNIMPLEMENTED
