@@ -76,10 +76,13 @@ def _pump(stream, sink: list[str], echo) -> None:
         echo.write(line)
 
 
-def start_cluster(model_dir: str, *extra: str, timeout_s: float = 300.0) -> RunningCluster:
-    """`epd serve --model DIR --port 0 ...`; returns once it printed its ready line."""
-    proc = subprocess.Popen([*EPD, "serve", "--model", model_dir, "--port", "0", *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start_cluster(model_dir: str | None, *extra: str, timeout_s: float = 300.0,
+                  env: dict[str, str] | None = None) -> RunningCluster:
+    """`epd serve [--model DIR] --port 0 ...`; returns once it printed its ready line."""
+    model = ["--model", model_dir] if model_dir else []
+    proc = subprocess.Popen([*EPD, "serve", *model, "--port", "0", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
     output: list[str] = []
     threading.Thread(target=_pump, args=(proc.stdout, output, sys.stderr), daemon=True).start()
     deadline = time.monotonic() + timeout_s

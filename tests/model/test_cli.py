@@ -63,8 +63,8 @@ def test_generate_rejects_a_missing_image_file(tiny_dirs, tmp_path):
     assert "image file not found" in proc.stderr
 
 
-def test_readme_demo_command_runs_on_a_fresh_cache(tmp_path):
-    """The README's first command: no --model, so the demo checkpoint is generated, cached, reused."""
+def test_generate_without_model_uses_a_fresh_demo_cache(tmp_path):
+    """`epd generate` without --model: the demo checkpoint is generated, cached, reused."""
     args = ("generate", "--image", "deploy/demo/house.png", "--prompt", "What is in this picture?", "--json")
     env = {"EPD_CACHE_DIR": str(tmp_path / "cache")}
     first = run_epd(*args, env=env)
