@@ -137,6 +137,25 @@ def test_client_disconnect_cancels_the_decode(cluster, client):
         time.sleep(0.2)
 
 
+def test_grpc_router_refuses_bad_input_with_invalid_argument(cluster):
+    import grpc
+
+    from epd.v1 import common_pb2, router_pb2, router_pb2_grpc
+
+    bad = router_pb2.GenerateRequest(request_id="bad", messages=[router_pb2.ChatMessage(
+        role=router_pb2.ROLE_USER, content=[router_pb2.ContentPart(image_bytes=b"not an image")])])
+    with grpc.insecure_channel(cluster.grpc_address) as channel:
+        with pytest.raises(grpc.RpcError) as caught:
+            list(router_pb2_grpc.RouterStub(channel).Generate(bad, timeout=60))
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "image" in caught.value.details()
+        ok = router_pb2.GenerateRequest(request_id="ok", sampling=common_pb2.SamplingParams(max_tokens=2),
+                                        messages=[router_pb2.ChatMessage(role=router_pb2.ROLE_USER,
+                                                                         content=[router_pb2.ContentPart(text="hi")])])
+        events = list(router_pb2_grpc.RouterStub(channel).Generate(ok, timeout=60))
+    assert events[-1].WhichOneof("event") == "complete"
+
+
 def test_sigterm_leaves_no_process_behind(cluster):
     children = cluster.worker_pids()
     assert len(children) == 5  # 2 encoders, prefill, decode, router
