@@ -40,7 +40,7 @@ def _serve(language, eos, config, options) -> int:
     from epd.engine.language import LanguageRunner
     from epd.transfer.receiver import TransferReceiver
     from epd.v1 import decode_pb2, decode_pb2_grpc
-    from epd.worker import mark_ready, start_worker, wait_for_shutdown
+    from epd.worker import run_worker
 
     receiver = TransferReceiver(timeout_s=config.pull_timeout_s)
     service = DecodeService(LanguageRunner(language), receiver, eos, config)
@@ -49,12 +49,4 @@ def _serve(language, eos, config, options) -> int:
         decode_pb2_grpc.add_DecodeServicer_to_server(DecodeServicer(service), server)
         return [decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name]
 
-    worker = start_worker(ROLE, options, add_services)
-    try:
-        service.warm_up()
-        mark_ready(worker, options.ready_file)
-        wait_for_shutdown(worker, on_stop=lambda: None)
-    finally:
-        receiver.close()
-        worker.server.stop(0)
-    return 0
+    return run_worker(ROLE, options, add_services, service.warm_up, closers=[receiver.close])

@@ -47,28 +47,18 @@ def _serve(encoder, config, options) -> int:
     from encoder_svc.service import EncoderService
     from encoder_svc.servicer import EncoderServicer
     from epd.transfer.sender import TransferSender
-    from epd.transfer.servicer import add_transfer_service
-    from epd.v1 import encoder_pb2, encoder_pb2_grpc, transfer_pb2
-    from epd.worker import mark_ready, start_worker, wait_for_shutdown
+    from epd.v1 import encoder_pb2, encoder_pb2_grpc
+    from epd.worker import add_transfer, run_worker
 
     sender = TransferSender(config.transfer_backend, owner_address="")
     service = EncoderService(encoder, sender, config)
 
     def add_services(server, address: str) -> list[str]:
-        sender.owner_address = address
         encoder_pb2_grpc.add_EncoderServicer_to_server(EncoderServicer(service), server)
-        add_transfer_service(server, sender)
-        return [encoder_pb2.DESCRIPTOR.services_by_name["Encoder"].full_name,
-                transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name]
+        return [encoder_pb2.DESCRIPTOR.services_by_name["Encoder"].full_name, add_transfer(server, address, sender)]
 
-    worker = start_worker(ROLE, options, add_services)
-    try:
+    def warm_up() -> None:
         service.warm_up()
         sender.start_reaper()
-        mark_ready(worker, options.ready_file)
-        wait_for_shutdown(worker, on_stop=lambda: None)
-    finally:
-        service.close()
-        sender.close()
-        worker.server.stop(0)
-    return 0
+
+    return run_worker(ROLE, options, add_services, warm_up, closers=[service.close, sender.close])

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -99,8 +100,8 @@ def mark_ready(worker: BoundWorker, ready_file: str | None) -> None:
           f"http://{worker.address.rsplit(':', 1)[0]}:{worker.metrics_port}/metrics", flush=True)
 
 
-def wait_for_shutdown(worker: BoundWorker, on_stop: Callable[[], None], grace_s: float = 3.0) -> None:
-    """Block until SIGTERM / SIGINT, then stop taking calls, let running ones finish, free resources."""
+def wait_for_shutdown(worker: BoundWorker, grace_s: float = 3.0) -> None:
+    """Block until SIGTERM / SIGINT, then stop taking calls and let running ones finish (bounded)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -108,5 +109,35 @@ def wait_for_shutdown(worker: BoundWorker, on_stop: Callable[[], None], grace_s:
         pass
     worker.health.enter_graceful_shutdown()
     worker.server.stop(grace_s).wait(grace_s + 1.0)
-    on_stop()
     log.info("%s stopped", worker.role)
+
+
+def run_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc.Server, str], list[str]],
+               warm_up: Callable[[], None], closers: list[Callable[[], None]]) -> int:
+    """A worker's whole life: bind (not serving), warm up, turn ready, serve until a signal, then close
+    what it holds (`closers`, in order) on every path. Returns the process exit code."""
+    worker = start_worker(role, options, add_services)
+    try:
+        try:
+            warm_up()
+        except Exception as exc:  # a worker whose warm-up fails must never look ready
+            log.exception("%s warm-up failed", role)
+            print(f"epd {role}: warm-up failed, not serving: {exc}", file=sys.stderr)
+            return 1
+        mark_ready(worker, options.ready_file)
+        wait_for_shutdown(worker)
+        return 0
+    finally:
+        worker.server.stop(0)
+        for close in closers:
+            close()
+
+
+def add_transfer(server: grpc.Server, address: str, sender) -> str:
+    """Serve `sender`'s leases on this worker's gRPC server; returns the service name for health."""
+    from epd.transfer.servicer import add_transfer_service
+    from epd.v1 import transfer_pb2
+
+    sender.owner_address = address
+    add_transfer_service(server, sender)
+    return transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name

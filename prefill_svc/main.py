@@ -41,9 +41,8 @@ def run(args: argparse.Namespace) -> int:
 def _serve(runner, eos, config, options) -> int:
     from epd.transfer.receiver import TransferReceiver
     from epd.transfer.sender import TransferSender
-    from epd.transfer.servicer import add_transfer_service
-    from epd.v1 import prefill_pb2, prefill_pb2_grpc, transfer_pb2
-    from epd.worker import mark_ready, start_worker, wait_for_shutdown
+    from epd.v1 import prefill_pb2, prefill_pb2_grpc
+    from epd.worker import add_transfer, run_worker
     from prefill_svc.service import PrefillService
     from prefill_svc.servicer import PrefillServicer
 
@@ -52,20 +51,11 @@ def _serve(runner, eos, config, options) -> int:
     service = PrefillService(runner, receiver, sender, eos, config)
 
     def add_services(server, address: str) -> list[str]:
-        sender.owner_address = address
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(service), server)
-        add_transfer_service(server, sender)
-        return [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
-                transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name]
+        return [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name, add_transfer(server, address, sender)]
 
-    worker = start_worker(ROLE, options, add_services)
-    try:
+    def warm_up() -> None:
         service.warm_up()
         sender.start_reaper()
-        mark_ready(worker, options.ready_file)
-        wait_for_shutdown(worker, on_stop=lambda: None)
-    finally:
-        receiver.close()
-        sender.close()
-        worker.server.stop(0)
-    return 0
+
+    return run_worker(ROLE, options, add_services, warm_up, closers=[receiver.close, sender.close])
