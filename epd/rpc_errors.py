@@ -38,47 +38,74 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):
-    """Wraps unary-unary and unary-stream handlers so that exceptions become status codes."""
+    """Wraps unary-unary and unary-stream handlers so that exceptions become status codes, and counts
+    each finished call of the role's own services in `epd_requests_total{role, status}`."""
+
+    def __init__(self, role: str = "", counted_prefix: str = "/epd.v1.") -> None:
+        self.role = role
+        self.counted_prefix = counted_prefix  # health checks and other services are not requests
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
         method = handler_call_details.method
+        count = self._counter(method)
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method))
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary, method, count))
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method))
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream, method, count))
         return handler
 
+    def _counter(self, method: str):
+        if not self.role or not method.startswith(self.counted_prefix) or "/epd.v1.Transfer/" in method:
+            return lambda status: None
+        from epd import metrics
 
-def _abort(context: grpc.ServicerContext, exc: Exception, method: str):
+        return lambda status: metrics.REQUESTS.labels(self.role, status).inc()
+
+
+def _abort(context: grpc.ServicerContext, exc: Exception, method: str, count):
     code = status_for(exc)
     if code == grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
+    count(code.name.lower())
     context.abort(code, str(exc) or type(exc).__name__)
 
 
-def _wrap_unary(behavior, method: str):
+def _aborted(context, count) -> None:
+    code = context.code()
+    count(code.name.lower() if code is not None else "error")
+
+
+def _wrap_unary(behavior, method: str, count):
     def wrapped(request, context):
         try:
-            return behavior(request, context)
+            reply = behavior(request, context)
         except Exception as exc:  # grpc's own abort raises a plain Exception too: re-raise that untouched
             if _is_abort(exc, context):
+                _aborted(context, count)
                 raise
-            _abort(context, exc, method)
+            _abort(context, exc, method, count)
+        count("ok")
+        return reply
 
     return wrapped
 
 
-def _wrap_stream(behavior, method: str):
+def _wrap_stream(behavior, method: str, count):
     def wrapped(request, context):
         try:
             yield from behavior(request, context)
+        except GeneratorExit:  # the client went away mid-stream
+            count("cancelled")
+            raise
         except Exception as exc:
             if _is_abort(exc, context):
+                _aborted(context, count)
                 raise
-            _abort(context, exc, method)
+            _abort(context, exc, method, count)
+        count("ok" if context.is_active() else "cancelled")
 
     return wrapped
 

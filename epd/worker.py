@@ -70,7 +70,7 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
     add_services(server, address) registers the role's servicers and returns their full service names.
     """
     server = grpc.server(ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}"),
-                         interceptors=[ErrorMappingInterceptor()], options=GRPC_OPTIONS,
+                         interceptors=[ErrorMappingInterceptor(role)], options=GRPC_OPTIONS,
                          maximum_concurrent_rpcs=options.max_concurrent_rpcs)
     port = server.add_insecure_port(f"{options.host}:{options.port}")
     if port == 0:

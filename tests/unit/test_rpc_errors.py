@@ -91,6 +91,9 @@ def stream(request: bytes, context: grpc.ServicerContext):
     raise AssertionError(what)
 
 
+COUNTED_ROLE = "unit-rpc-errors"
+
+
 def identity(x: bytes) -> bytes:
     return x
 
@@ -103,7 +106,7 @@ def channel():
                                                        response_serializer=identity),
     })
     server = grpc.server(ThreadPoolExecutor(max_workers=4), handlers=[handler],
-                         interceptors=[ErrorMappingInterceptor()])
+                         interceptors=[ErrorMappingInterceptor(COUNTED_ROLE, counted_prefix="/t.")])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     chan = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -183,3 +186,30 @@ def test_unknown_method_is_unimplemented(channel):
     with pytest.raises(grpc.RpcError) as info:
         method(b"", timeout=5)
     assert info.value.code() is Code.UNIMPLEMENTED
+
+
+def _count(status: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("epd_requests_total", {"role": COUNTED_ROLE, "status": status}) or 0.0
+
+
+def test_finished_calls_are_counted_by_outcome(channel):
+    before = {s: _count(s) for s in ("ok", "invalid_argument", "resource_exhausted", "not_found")}
+    call_stream(channel, "ok")
+    call_unary(channel, "invalid")
+    call_stream(channel, "overloaded")
+    call_unary(channel, "abort")
+    after = {s: _count(s) for s in before}
+    assert {s: after[s] - before[s] for s in before} == {"ok": 1, "invalid_argument": 1, "resource_exhausted": 1,
+                                                          "not_found": 1}
+
+
+def test_health_and_transfer_calls_are_not_counted():
+    from prometheus_client import REGISTRY
+
+    role = "unit-not-counted"
+    interceptor = ErrorMappingInterceptor(role)
+    for method in ("/grpc.health.v1.Health/Check", "/epd.v1.Transfer/Pull", "/epd.v1.Encoder/Encode"):
+        interceptor._counter(method)("ok")
+    assert REGISTRY.get_sample_value("epd_requests_total", {"role": role, "status": "ok"}) == 1.0
