@@ -12,10 +12,11 @@ import grpc
 
 from epd import metrics
 from epd.v1 import common_pb2, router_pb2, router_pb2_grpc
+from router.admission import RequestScope
 from router.chat_request import parse_chat_request
-from router.completion import Delta, stream_completion
+from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError
-from router.orchestrator import UpstreamError, aclose_quietly
+from router.orchestrator import UpstreamError
 
 ROLE_NAMES = {router_pb2.ROLE_SYSTEM: "system", router_pb2.ROLE_USER: "user", router_pb2.ROLE_ASSISTANT: "assistant"}
 FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
@@ -68,32 +69,38 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         g = self.gateway
+        if not g.admission.try_enter():
+            metrics.REQUESTS.labels("router", "resource_exhausted").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the router is already working on {g.admission.limit} requests; retry later")
+        scope = RequestScope(g.admission, lambda status: metrics.REQUESTS.labels("router", status).inc())
+        status, sent = "cancelled", False  # a client that leaves mid-stream is counted as cancelled
         try:
-            chat = parse_chat_request(request_body(request), limits=g.limits)
-            job = await g.frontend.prepare(chat)
-        except RequestError as exc:
-            metrics.REQUESTS.labels("router", "invalid_argument").inc()
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-        events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop)
-        status, sent = "error", False
-        try:
-            async for item in events:
-                if isinstance(item, Delta):
-                    sent = True
-                    yield router_pb2.GenerateResponse(chunk=router_pb2.GenerateResponse.Chunk(
-                        text=item.text, token_ids=item.token_ids if chat.return_token_ids else []))
-                else:
-                    yield router_pb2.GenerateResponse(complete=router_pb2.GenerateResponse.Complete(
-                        finish_reason=FINISH[item.finish_reason],
-                        usage=common_pb2.Usage(prompt_tokens=item.prompt_tokens,
-                                               completion_tokens=item.completion_tokens)))
+            try:
+                chat = parse_chat_request(request_body(request), limits=g.limits)
+                job = await g.frontend.prepare(chat)
+            except RequestError as exc:
+                status = "invalid_argument"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            scope.events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop)
+            async for item in scope.events:
+                sent = sent or isinstance(item, Delta)
+                yield to_pb(item, chat.return_token_ids)
             status = "ok"
         except UpstreamError as exc:
             status = exc.code.name.lower()
-            if not sent:
+            if not sent:  # before the first token: a plain status the client can retry on
                 await context.abort(exc.code, exc.message)
             yield router_pb2.GenerateResponse(error=common_pb2.ErrorDetail(
                 code=ERROR_CODES.get(exc.code, common_pb2.ERROR_CODE_INTERNAL), message=exc.message))
         finally:
-            metrics.REQUESTS.labels("router", status).inc()
-            await aclose_quietly(events)
+            await scope.close(status)
+
+
+def to_pb(item: Delta | Final, return_token_ids: bool) -> router_pb2.GenerateResponse:
+    if isinstance(item, Delta):
+        return router_pb2.GenerateResponse(chunk=router_pb2.GenerateResponse.Chunk(
+            text=item.text, token_ids=item.token_ids if return_token_ids else []))
+    return router_pb2.GenerateResponse(complete=router_pb2.GenerateResponse.Complete(
+        finish_reason=FINISH[item.finish_reason],
+        usage=common_pb2.Usage(prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens)))

@@ -12,15 +12,17 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from epd import metrics
+from router.admission import Admission, RequestScope
 from router.chat_request import ChatRequest, RequestLimits, parse_chat_request
 from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError, error_body, http_status_for
 from router.frontend import Frontend
 from router.openai_format import chunk, completion_body, usage_chunk
-from router.orchestrator import Job, Orchestrator, UpstreamError, aclose_quietly
+from router.orchestrator import Job, Orchestrator, UpstreamError
 from router.workers import ROLES, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,7 @@ class Gateway:
     orchestrator: Orchestrator
     frontend: Frontend
     limits: RequestLimits
+    admission: Admission  # shared by the HTTP and gRPC front ends
 
 
 def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
@@ -90,6 +93,32 @@ def _upstream_error(exc: UpstreamError) -> JSONResponse:
 
 
 async def _chat(gateway: Gateway, request: Request):
+    if not gateway.admission.try_enter():
+        metrics.REQUESTS.labels("router", "resource_exhausted").inc()
+        return _error(429, f"the router is already working on {gateway.admission.limit} requests; retry later",
+                      "rate_limit_error", code="too_many_requests")
+    scope = RequestScope(gateway.admission, lambda status: metrics.REQUESTS.labels("router", status).inc())
+    try:
+        chat, job = await _prepare(gateway, request)
+        scope.events = stream_completion(gateway.orchestrator, gateway.frontend.tokenizer, job, chat.stop)
+        first = await anext(scope.events)  # errors before the first token still get a proper HTTP status
+    except RequestError:
+        await scope.close("invalid_argument")
+        raise
+    except UpstreamError as exc:
+        await scope.close(exc.code.name.lower())
+        return _upstream_error(exc)
+    except BaseException:
+        await scope.close("error")
+        raise
+    if chat.stream:
+        # The background task closes the scope even if the client leaves before the body starts.
+        return StreamingResponse(_sse(gateway, chat, job, first, scope), media_type="text/event-stream",
+                                 background=BackgroundTask(scope.close, "cancelled"))
+    return await _collect(gateway, chat, job, first, scope)
+
+
+async def _prepare(gateway: Gateway, request: Request) -> tuple[ChatRequest, Job]:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -98,32 +127,17 @@ async def _chat(gateway: Gateway, request: Request):
     if chat.model and chat.model != gateway.model_name:
         raise RequestError(f"the model {chat.model!r} does not exist; this server serves {gateway.model_name!r}",
                            status=404, type="not_found_error", param="model", code="model_not_found")
-    job = await gateway.frontend.prepare(chat)
-    events = stream_completion(gateway.orchestrator, gateway.frontend.tokenizer, job, chat.stop)
-    metrics.RUNNING.labels("router").inc()
-    try:
-        first = await anext(events)  # errors before the first token still get a proper HTTP status
-    except UpstreamError as exc:
-        metrics.RUNNING.labels("router").dec()
-        metrics.REQUESTS.labels("router", exc.code.name.lower()).inc()
-        await aclose_quietly(events)
-        return _upstream_error(exc)
-    except BaseException:
-        metrics.RUNNING.labels("router").dec()
-        raise
-    if chat.stream:
-        return StreamingResponse(_sse(gateway, chat, job, first, events), media_type="text/event-stream")
-    return await _collect(gateway, chat, job, first, events)
+    return chat, await gateway.frontend.prepare(chat)
 
 
-async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, events: AsyncIterator) -> JSONResponse:
+async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: RequestScope) -> JSONResponse:
     text, ids, status = [], [], "error"
     try:
         item = first
         while not isinstance(item, Final):
             text.append(item.text)
             ids.extend(item.token_ids)
-            item = await anext(events)
+            item = await anext(scope.events)
         status = "ok"
         return JSONResponse(completion_body(job.request_id, gateway.model_name, "".join(text), ids, item,
                                             job.prompt_ids if chat.return_token_ids else None))
@@ -131,12 +145,10 @@ async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, events:
         status = exc.code.name.lower()
         return _upstream_error(exc)
     finally:
-        metrics.RUNNING.labels("router").dec()
-        metrics.REQUESTS.labels("router", status).inc()
-        await aclose_quietly(events)
+        await scope.close(status)
 
 
-async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, events: AsyncIterator) -> AsyncIterator[str]:
+async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: RequestScope) -> AsyncIterator[str]:
     created, name, rid = int(time.time()), gateway.model_name, job.request_id
     ids = [] if chat.return_token_ids else None
     status = "cancelled"
@@ -146,7 +158,7 @@ async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, events: Asy
         while isinstance(item, Delta):
             yield _data(chunk(rid, name, created, {"content": item.text}, token_ids=item.token_ids if ids is not None
                               else None))
-            item = await anext(events)
+            item = await anext(scope.events)
         yield _data(chunk(rid, name, created, {}, finish_reason=item.finish_reason))
         if chat.include_usage:
             yield _data(usage_chunk(rid, name, created, item))
@@ -156,9 +168,7 @@ async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, events: Asy
         _, kind = http_status_for(exc.code)
         yield _data(error_body(exc.message, kind, None, exc.code.name.lower()))
     finally:
-        metrics.RUNNING.labels("router").dec()
-        metrics.REQUESTS.labels("router", status).inc()
-        await aclose_quietly(events)
+        await scope.close(status)
     yield "data: [DONE]\n\n"
 
 

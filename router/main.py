@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens-limit", type=int, default=4096)
     p.add_argument("--max-prompt-tokens", type=int, default=32768)
     p.add_argument("--request-timeout-s", type=float, default=600.0)
+    p.add_argument("--max-concurrent-requests", type=int, default=512,
+                   help="requests worked on at once; beyond this the router answers 429 at once")
     p.add_argument("--ready-file", default=None)
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
 
@@ -56,6 +58,8 @@ def build_gateway(args: argparse.Namespace):
     import httpx
     from transformers import AutoConfig, AutoTokenizer
 
+    from epd import metrics
+    from router.admission import Admission
     from router.chat_request import RequestLimits
     from router.frontend import Frontend
     from router.http_app import Gateway
@@ -77,7 +81,8 @@ def build_gateway(args: argparse.Namespace):
                         image_limits=ImageLimits(), allowed_hosts=frozenset(h.lower() for h in args.allow_url_host),
                         max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s)
     limits = RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)
-    return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits)
+    admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
+    return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission)
 
 
 async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:

@@ -156,6 +156,19 @@ def test_grpc_router_refuses_bad_input_with_invalid_argument(cluster):
     assert events[-1].WhichOneof("event") == "complete"
 
 
+def test_nothing_is_left_leased_after_the_requests(cluster):
+    """Every embedding and KV handle issued above was acknowledged: none waits for its TTL."""
+    workers = httpx.get(f"{cluster.url}/workers").json()["workers"]
+    for w in workers:
+        if w["role"] in ("encoder", "prefill"):
+            kind = "embedding" if w["role"] == "encoder" else "kv"
+            assert _scrape(w["metrics_url"], "epd_leases_active", f'kind="{kind}"') == 0, w
+            assert _scrape(w["metrics_url"], "epd_reaped_total", f'kind="{kind}"') == 0, w
+    served = {role: sum(_scrape(w["metrics_url"], "epd_requests_total", f'role="{role}",status="ok"')
+                        for w in workers if w["role"] == role) for role in ("encoder", "prefill", "decode")}
+    assert served["encoder"] >= 3 and served["prefill"] >= 10 and served["decode"] >= 10, served
+
+
 def test_sigterm_leaves_no_process_behind(cluster):
     children = cluster.worker_pids()
     assert len(children) == 5  # 2 encoders, prefill, decode, router
