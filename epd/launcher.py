@@ -120,7 +120,10 @@ class Cluster:
         return None
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        proc = subprocess.Popen(epd_command() + args, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL)
+        # A session of its own: Ctrl-C in the terminal reaches only the launcher, which then stops
+        # the router first and the workers after it, instead of every process racing to exit.
+        proc = subprocess.Popen(epd_command() + args, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
         self.children.append((name, proc))
 
     def _wait_file(self, path: Path) -> dict:

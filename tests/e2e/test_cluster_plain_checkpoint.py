@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import openai
 import pytest
 
-from tests.e2e.cluster import start_cluster
+from tests.e2e.cluster import alive, cmdline, start_cluster
 from tests.e2e.conftest import data_url, openai_messages, pattern_image, reference
 from tests.plain_checkpoint import write_plain_qwen_checkpoint
 
@@ -14,13 +18,14 @@ from tests.plain_checkpoint import write_plain_qwen_checkpoint
 def plain(tmp_path_factory):
     model_dir = write_plain_qwen_checkpoint(tmp_path_factory.mktemp("plain") / "plain_qwen")
     cluster = start_cluster(model_dir)
-    yield model_dir, openai.OpenAI(base_url=cluster.base_url, api_key="unused", max_retries=0, timeout=120)
-    assert cluster.stop() == 0
+    yield model_dir, openai.OpenAI(base_url=cluster.base_url, api_key="unused", max_retries=0, timeout=120), cluster
+    if cluster.proc.poll() is None:
+        assert cluster.stop() == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_plain_checkpoint_cluster_equals_transformers(plain, stream):
-    model_dir, client = plain
+    model_dir, client, _ = plain
     expected_ids, expected_text = reference(model_dir, (5, 6), 24)
     assert len(set(expected_ids)) >= 6
     reply = client.chat.completions.create(
@@ -34,3 +39,16 @@ def test_plain_checkpoint_cluster_equals_transformers(plain, stream):
         ids, text = reply.choices[0].model_extra["token_ids"], reply.choices[0].message.content
     assert ids == expected_ids
     assert text == expected_text
+
+
+def test_a_killed_launcher_takes_its_workers_with_it(plain):
+    """SIGKILL gives `epd serve` no chance to clean up; PR_SET_PDEATHSIG still stops every child."""
+    _, _, cluster = plain
+    children = cluster.worker_pids()
+    assert len(children) == 4
+    os.kill(cluster.proc.pid, signal.SIGKILL)
+    cluster.proc.wait(10)
+    deadline = time.monotonic() + 15
+    while any(alive(p) for p in children):
+        assert time.monotonic() < deadline, [cmdline(p) for p in children if alive(p)]
+        time.sleep(0.1)
