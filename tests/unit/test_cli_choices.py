@@ -11,3 +11,4 @@ def test_cli_family_and_size_choices_match_the_generator():
 
 def test_every_service_command_is_registered():
     assert set(cli.SERVICE_MODULES) == {"encoder", "prefill", "decode", "router"}
+
