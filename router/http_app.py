@@ -3,6 +3,8 @@ metrics and the worker list. Every error body has OpenAI's shape."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -115,7 +117,21 @@ async def _chat(gateway: Gateway, request: Request):
         # The background task closes the scope even if the client leaves before the body starts.
         return StreamingResponse(_sse(gateway, chat, job, first, scope), media_type="text/event-stream",
                                  background=BackgroundTask(scope.close, "cancelled"))
-    return await _collect(gateway, chat, job, first, scope)
+    return await _collect_unless_gone(request, _collect(gateway, chat, job, first, scope), scope)
+
+
+async def _collect_unless_gone(request: Request, collect, scope: RequestScope, poll_s: float = 0.5):
+    """Run a non-streaming completion, cancelling it (and so the decode) if the client disconnects."""
+    task = asyncio.ensure_future(collect)
+    while not task.done():
+        await asyncio.wait({task}, timeout=poll_s)
+        if not task.done() and await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await scope.close("cancelled")
+            return _error(499, "the client closed the connection", "cancelled")
+    return task.result()
 
 
 async def _prepare(gateway: Gateway, request: Request) -> tuple[ChatRequest, Job]:
@@ -144,6 +160,9 @@ async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: 
     except UpstreamError as exc:
         status = exc.code.name.lower()
         return _upstream_error(exc)
+    except asyncio.CancelledError:
+        status = "cancelled"
+        raise
     finally:
         await scope.close(status)
 

@@ -169,6 +169,19 @@ def test_nothing_is_left_leased_after_the_requests(cluster):
     assert served["encoder"] >= 3 and served["prefill"] >= 10 and served["decode"] >= 10, served
 
 
+def test_client_leaving_a_non_streaming_request_cancels_it_too(cluster):
+    decode = next(w for w in httpx.get(f"{cluster.url}/workers").json()["workers"] if w["role"] == "decode")
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):  # 4000 tokens take far longer than the client waits
+        httpx.post(f"{cluster.base_url}/chat/completions", json=body, timeout=1.5)
+    left = time.monotonic()
+    while _scrape(decode["metrics_url"], "epd_running_requests", 'role="decode"') != 0:
+        assert time.monotonic() - left < 6, "decode still running 6 s after the client left"
+        time.sleep(0.2)
+    counted = _scrape(f"{cluster.url}/metrics", "epd_requests_total", 'status="cancelled"')
+    assert counted >= 1
+
+
 def test_sigterm_leaves_no_process_behind(cluster):
     children = cluster.worker_pids()
     assert len(children) == 5  # 2 encoders, prefill, decode, router
