@@ -47,7 +47,7 @@ class EncoderService:
         self.sender = sender
         self.config = config
         self.fingerprint = processor_fingerprint(encoder.encoder.model_dir)
-        self.store: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.cache_bytes, on_evict=self._on_evict)
+        self.store: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.cache_bytes)
         self.batcher: MicroBatcher[Image.Image, EncodedImage] = MicroBatcher(
             self._encode_batch, max_batch=config.max_batch_images, max_wait_s=config.batch_wait_ms / 1000,
             max_queue=config.max_queue_images, on_batch=metrics.ENCODER_BATCH_SIZE.observe,
@@ -78,7 +78,7 @@ class EncoderService:
         if missing:
             computed = self.batcher.submit_many(list(missing.values()), timeout_s)
             for key, out in zip(missing, computed, strict=True):
-                self.store.put(key, out, _nbytes(out))
+                self.store.put(key, out, out.nbytes)
                 results[key] = out
         metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
         return [self._lease(key, results[key]) for key in keys]
@@ -118,9 +118,4 @@ class EncoderService:
                                      on_release=(lambda: self.store.unpin(key)) if pinned else None)
         return LeasedEmbedding(key, image, handle)
 
-    def _on_evict(self, key: str, image: EncodedImage) -> None:
-        metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
 
-
-def _nbytes(image: EncodedImage) -> int:
-    return sum(t.numel() * t.element_size() for t in image.tensors.values())

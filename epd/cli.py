@@ -129,14 +129,11 @@ def _add_serve(commands) -> None:
 
 def _run_serve(args) -> int:
     from epd.launcher import ServeOptions, serve
+    from epd.worker_args import model_dir_or_demo
 
     try:
-        model_dir = args.model
-        if model_dir is None:
-            from epd.demo import demo_model_dir
-
-            model_dir = str(demo_model_dir())
-        options = ServeOptions(model_dir=model_dir, host=args.host, port=args.port, grpc_port=args.grpc_port,
+        options = ServeOptions(model_dir=model_dir_or_demo(args.model), host=args.host, port=args.port,
+                               grpc_port=args.grpc_port,
                                encoders=args.encoders, prefills=args.prefills, decodes=args.decodes,
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
                                start_timeout_s=args.start_timeout_s, log_level=args.log_level)

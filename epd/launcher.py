@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -37,7 +37,6 @@ class ServeOptions:
     allow_url_hosts: tuple[str, ...] = ()
     start_timeout_s: float = 300.0
     log_level: str = "WARNING"
-    extra_router_args: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         for name in ("encoders", "prefills", "decodes"):
@@ -107,7 +106,7 @@ class Cluster:
             args += [f"--{info['role']}", f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"]
         for host in o.allow_url_hosts:
             args += ["--allow-url-host", host]
-        self._spawn("router", args + list(o.extra_router_args))
+        self._spawn("router", args)
         router = self._wait_file(router_ready)
         url = f"http://{o.host}:{router['http_port']}"
         self._wait_ready(url)

@@ -86,15 +86,21 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
     return BoundWorker(role, address, metrics_port, server, checker, tuple(names))
 
 
+def write_ready_file(path: str | None, info: dict) -> None:
+    """`info` plus this pid as JSON, written atomically (launchers poll for the file to appear whole)."""
+    if not path:
+        return
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json.dumps({**info, "pid": os.getpid()}))
+    tmp.replace(path)
+
+
 def mark_ready(worker: BoundWorker, ready_file: str | None) -> None:
     """Health SERVING everywhere, then the ready file (written atomically) for launchers."""
     for name in ["", *worker.services]:
         worker.health.set(name, health_pb2.HealthCheckResponse.SERVING)
-    info = {"role": worker.role, "address": worker.address, "metrics_port": worker.metrics_port, "pid": os.getpid()}
-    if ready_file:
-        tmp = Path(f"{ready_file}.tmp")
-        tmp.write_text(json.dumps(info))
-        tmp.replace(ready_file)
+    write_ready_file(ready_file, {"role": worker.role, "address": worker.address,
+                                  "metrics_port": worker.metrics_port})
     log.info("%s ready at %s (metrics on port %d)", worker.role, worker.address, worker.metrics_port)
     print(f"epd {worker.role}: ready at {worker.address}, metrics at "
           f"http://{worker.address.rsplit(':', 1)[0]}:{worker.metrics_port}/metrics", flush=True)

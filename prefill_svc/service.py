@@ -96,7 +96,7 @@ class PrefillService:
         if encoded.num_tokens != image.num_tokens:
             raise InvalidInput(f"image {image.digest[:12]}: {encoded.num_tokens} embedding rows for "
                                f"{image.num_tokens} image tokens")
-        self.cache.put(image.digest, encoded, sum(t.numel() * t.element_size() for _, t in tensors))
+        self.cache.put(image.digest, encoded, encoded.nbytes)
         metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.cache.bytes_used)
         return encoded
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
 import socket
 import sys
 from contextlib import asynccontextmanager
@@ -90,6 +88,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     import uvicorn
 
     from epd.v1 import router_pb2_grpc
+    from epd.worker import write_ready_file
     from router.grpc_api import RouterServicer
     from router.http_app import create_app
 
@@ -102,7 +101,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     async def lifespan(_app):
         await gateway.registry.start()
         await grpc_server.start()
-        _write_ready(args.ready_file, http_port, grpc_port)
+        write_ready_file(args.ready_file, {"role": "router", "http_port": http_port, "grpc_port": grpc_port})
         print(f"epd router: serving http://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
               flush=True)
         try:
@@ -117,11 +116,3 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     await uvicorn.Server(config).serve(sockets=[sock])
     return 0
 
-
-def _write_ready(path: str | None, http_port: int, grpc_port: int) -> None:
-    if not path:
-        return
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({"role": "router", "http_port": http_port, "grpc_port": grpc_port,
-                               "pid": os.getpid()}))
-    tmp.replace(path)

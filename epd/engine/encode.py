@@ -19,6 +19,11 @@ class EncodedImage:
     grid_thw: tuple[int, int, int]  # patch grid before spatial merge
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of all its tensors: what it costs in an embedding cache."""
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+    @property
     def num_tokens(self) -> int:
         return int(self.tensors["pooler_output"].shape[0])
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -43,6 +45,23 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (for a worker that must come back on the same address)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_ready_file(path: Path, procs: list[subprocess.Popen], timeout_s: float = 120) -> dict:
+    """The JSON a service writes once ready; fails if any of `procs` exits first or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout_s} s"
+        assert all(p.poll() is None for p in procs), "a process exited during start-up"
+        time.sleep(0.2)
+    return json.loads(path.read_text())
 
 
 @dataclass

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 
 import httpx
 import pytest
 
-from tests.e2e.cluster import EPD
+from tests.e2e.cluster import EPD, free_port, wait_for_ready_file
 from tests.e2e.conftest import data_url, pattern_image
 
 
@@ -26,12 +25,6 @@ def no_processor_dir(e2e_dirs, tmp_path_factory) -> str:
     (out / "processor_config.json").write_text(json.dumps(config))
     (out / "preprocessor_config.json").unlink(missing_ok=True)
     return str(out)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_encoder_without_processor_exits_naming_the_file(no_processor_dir):
@@ -61,19 +54,12 @@ def test_router_never_ready_without_a_ready_encoder(e2e_dirs, tmp_path):
             ready = tmp_path / f"{role}.json"
             procs.append(subprocess.Popen([*EPD, role, "--model", model, "--ready-file", str(ready)]))
             infos.append(ready)
-        deadline = time.monotonic() + 120
-        while not all(p.exists() for p in infos):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
-            time.sleep(0.2)
-        addresses = [json.loads(p.read_text())["address"] for p in infos]
+        addresses = [wait_for_ready_file(p, procs)["address"] for p in infos]
         router_ready = tmp_path / "router.json"
         procs.append(subprocess.Popen([*EPD, "router", "--model", model, "--port", "0", "--ready-file",
-                                       str(router_ready), "--encoder", f"127.0.0.1:{_free_port()}",
+                                       str(router_ready), "--encoder", f"127.0.0.1:{free_port()}",
                                        "--prefill", addresses[0], "--decode", addresses[1]]))
-        while not router_ready.exists():
-            assert time.monotonic() < deadline and procs[-1].poll() is None
-            time.sleep(0.2)
-        url = f"http://127.0.0.1:{json.loads(router_ready.read_text())['http_port']}"
+        url = f"http://127.0.0.1:{wait_for_ready_file(router_ready, procs)['http_port']}"
         for _ in range(10):  # several health rounds: the state must not flip to ready
             ready = httpx.get(f"{url}/ready", timeout=10)
             assert ready.status_code == 503

@@ -3,9 +3,7 @@ cluster keeps answering correctly through the workers that are left."""
 
 from __future__ import annotations
 
-import json
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,23 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.cluster import EPD
+from tests.e2e.cluster import EPD, free_port, wait_for_ready_file
 from tests.e2e.conftest import reference
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(path: Path, procs: list[subprocess.Popen], timeout_s: float = 120) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} not written in {timeout_s} s"
-        assert all(p.poll() is None for p in procs), "a process exited during start-up"
-        time.sleep(0.2)
-    return json.loads(path.read_text())
 
 
 def _states(url: str) -> dict[str, str]:
@@ -71,16 +54,16 @@ def processes(tmp_path):
 
 def test_dead_decode_worker_is_ejected_and_readmitted(e2e_dirs, processes):
     model = e2e_dirs["kimi_k25"]
-    ports = {"decode-a": _free_port(), "decode-b": _free_port()}
+    ports = {"decode-a": free_port(), "decode-b": free_port()}
     files = {name: processes.start(name, role, "--model", model, *(["--port", str(ports[name])] if name in ports
                                                                      else []))
              for name, role in (("encoder", "encoder"), ("prefill", "prefill"), ("decode-a", "decode"),
                                 ("decode-b", "decode"))}
-    infos = {name: _wait_for(path, list(processes.procs.values())) for name, path in files.items()}
+    infos = {name: wait_for_ready_file(path, list(processes.procs.values())) for name, path in files.items()}
     router = processes.start("router", "router", "--model", model, "--port", "0",
                              "--encoder", infos["encoder"]["address"], "--prefill", infos["prefill"]["address"],
                              "--decode", infos["decode-a"]["address"], "--decode", infos["decode-b"]["address"])
-    url = f"http://127.0.0.1:{_wait_for(router, list(processes.procs.values()))['http_port']}"
+    url = f"http://127.0.0.1:{wait_for_ready_file(router, list(processes.procs.values()))['http_port']}"
     _until(lambda: httpx.get(f"{url}/ready").status_code == 200, 30, "router never ready")
     expected = reference(model, (), 8, "Say something.")[0]
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Say something."}]}],
@@ -98,7 +81,7 @@ def test_dead_decode_worker_is_ejected_and_readmitted(e2e_dirs, processes):
     assert [answer() for _ in range(4)] == [expected] * 4  # all through decode-b
     assert _states(url)[infos["decode-b"]["address"]] == "ready"
     processes.procs["decode-a"].wait(10)
-    _wait_for(processes.start("decode-a", "decode", "--model", model, "--port", str(ports["decode-a"])),
+    wait_for_ready_file(processes.start("decode-a", "decode", "--model", model, "--port", str(ports["decode-a"])),
               list(processes.procs.values()))
     back_after = _until(lambda: _states(url)[dead] == "ready", 15, "restarted worker not re-admitted")
     assert answer() == expected
