@@ -11,11 +11,10 @@ class DecodeConfig:
     max_running: int = 64  # sequences decoding at once; beyond this Decode is RESOURCE_EXHAUSTED
     pull_timeout_s: float = 30.0
     decode_timeout_s: float = 600.0  # used when the request carries no deadline
-    step_wait_s: float = 30.0  # longest a sequence waits for its next turn on the model
 
     def __post_init__(self) -> None:
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
-        for name in ("pull_timeout_s", "decode_timeout_s", "step_wait_s"):
+        for name in ("pull_timeout_s", "decode_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")

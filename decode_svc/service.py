@@ -1,8 +1,10 @@
-"""The decode worker's domain logic: import a prefilled KV cache, continue generation token by
-token, stop on EOS / stop ids / max_tokens, on cancellation or on the deadline.
+"""The decode worker's domain logic: pull a prefilled KV cache into the engine's blocks, then stream
+the sequence's tokens as the running batch produces them, until EOS / stop ids / max_tokens, a
+cancellation or the deadline.
 
-Sequences take turns on the model one step at a time (ModelGate), so concurrent streams progress
-together. Batching many sequences into one forward is the engine's job and not done here yet.
+Every sequence decoding here is in the engine's one running batch: a step samples a token for
+all of them at once. `max_running` bounds the streams (each holds a gRPC thread), so health and
+transfer calls always find a free thread.
 """
 
 from __future__ import annotations
@@ -13,15 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from decode_svc.config import DecodeConfig
-from epd import metrics
-from epd.engine.kv import import_kv
-from epd.engine.language import LanguageRunner
-from epd.engine.sampling import Sampler, SamplingParams
-from epd.model_gate import ModelGate
+from epd.engine.loop import EngineLoop
+from epd.engine.params import SamplingParams
+from epd.engine.sequence import Finish
 from epd.rpc_errors import InvalidInput, Overloaded
 from epd.transfer.receiver import TransferReceiver
 
 ROLE = "decode"
+_POLL_S = 0.25  # how often a waiting stream checks that its client is still there
 
 
 @dataclass(frozen=True)
@@ -40,79 +41,89 @@ class Step:
 
 
 class DecodeService:
-    def __init__(self, runner: LanguageRunner, receiver: TransferReceiver, eos_token_ids: Sequence[int],
-                 config: DecodeConfig) -> None:
-        self.runner = runner
+    def __init__(self, loop: EngineLoop, receiver: TransferReceiver, config: DecodeConfig) -> None:
+        self.loop = loop
+        self.engine = loop.engine
         self.receiver = receiver
-        self.eos_token_ids = tuple(eos_token_ids)
         self.config = config
-        self.gate = ModelGate(ROLE, max_waiting=config.max_running)
         self._lock = threading.Lock()
-        self._running: dict[str, threading.Event] = {}  # request id -> cancelled flag
+        self._active: set[str] = set()
 
     def warm_up(self) -> None:
-        """A real prefill + decode step over a short text prompt."""
-        _, state = self.runner.prefill([0, 1, 2], [], [])
-        self.runner.decode_step(state, 3)
+        """A real prompt through the engine, its KV exported and imported back, and one decode step."""
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        prompt = self.engine.new_sequence("warm-up-prompt", [0, 1, 2], params, handoff=True)
+        out = self.loop.submit(prompt).get(self.config.decode_timeout_s)
+        seq = self.engine.imported_sequence("warm-up", 3, out.token, 0, params)
+        step = self.loop.submit(seq, kv=out.kv).get(self.config.decode_timeout_s)
+        if step.finish is not Finish.LENGTH:
+            raise RuntimeError(f"warm-up decode ended with {step.finish}")
 
     def cancel(self, request_id: str) -> bool:
         with self._lock:
-            flag = self._running.get(request_id)
-        if flag is not None:
-            flag.set()
-        return flag is not None
+            found = request_id in self._active
+        if found:
+            self.loop.abort(request_id)
+        return found
 
     def decode(self, request_id: str, kv: KvImport, first_token: int, params: SamplingParams,
                stop_token_ids: Sequence[int], timeout_s: float, is_active: Callable[[], bool]) -> Iterator[Step]:
-        cancelled = self._admit(request_id)
+        self._admit(request_id)
         deadline = time.monotonic() + timeout_s
+        submitted = False
         try:
+            seq = self.engine.imported_sequence(request_id, kv.num_tokens, first_token, kv.position_delta,
+                                                params, stop_token_ids)
+            needed = self.engine.blocks.blocks_for(seq.max_total_tokens)
+            if needed > self.loop.free_blocks():  # before pulling KV we could not hold
+                raise Overloaded(f"{self.loop.free_blocks()} KV blocks free, the request needs {needed}")
             tensors = self.receiver.fetch(kv.handle, kv.metas, kind="kv",
                                           timeout_s=min(timeout_s, self.config.pull_timeout_s))
-            cache, length = import_kv(tensors, self.runner.language.config)
-            if length != kv.num_tokens:
-                raise InvalidInput(f"KV holds {length} tokens, the reference says {kv.num_tokens}")
-            state = self.runner.resume(cache, length, kv.position_delta)
-            yield from self._loop(state, first_token, params, stop_token_ids, deadline,
-                                  lambda: cancelled.is_set() or not is_active())
+            try:
+                self.engine.cache.check_import(tensors, kv.num_tokens)
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from None
+            stream = self.loop.submit(seq, kv=tensors)
+            submitted = True
+            yield from self._stream(stream, request_id, deadline, is_active)
         finally:
+            if submitted and seq.finish is None:  # the caller stopped reading (gone, or an error): free it now
+                self.loop.abort(request_id)
             self._leave(request_id)
 
-    def _loop(self, state, token: int, params: SamplingParams, stop_token_ids, deadline: float,
-              is_cancelled: Callable[[], bool]) -> Iterator[Step]:
-        sampler = Sampler(params)
-        stops = set(stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        count = 1  # the prefill worker produced the first token
+    def _stream(self, stream, request_id: str, deadline: float, is_active: Callable[[], bool]) -> Iterator[Step]:
         while True:
-            if is_cancelled():
-                yield Step(None, "cancelled", count)
-                return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"deadline reached after {count} tokens")
-            with self.gate.turn(min(left, self.config.step_wait_s)):
-                logits = self.runner.decode_step(state, token)
-            token = sampler(logits)
-            count += 1
-            finish = "stop" if token in stops else "length" if count >= params.max_tokens else None
-            yield Step(token, finish, count)
+                self.loop.abort(request_id)
+                raise TimeoutError(f"deadline reached after {stream.seq.num_generated} tokens")
+            if not is_active():  # the caller went away: free the blocks now, not at the last token
+                self.loop.abort(request_id)
+                yield Step(None, "cancelled", stream.seq.num_generated)
+                return
+            try:
+                out = stream.get(min(left, _POLL_S))
+            except TimeoutError:
+                continue
+            if out.finish is Finish.CANCELLED:
+                yield Step(None, "cancelled", out.seq.num_generated)
+                return
+            finish = out.finish.value if out.finish is not None else None
+            yield Step(out.token, finish, out.seq.num_generated)
             if finish:
                 return
 
-    def _admit(self, request_id: str) -> threading.Event:
+    def _admit(self, request_id: str) -> None:
         if not request_id:
             raise InvalidInput("request_id is empty; decode needs it for Cancel")
         with self._lock:
-            if len(self._running) >= self.config.max_running:
-                raise Overloaded(f"{len(self._running)} sequences already decoding; the limit is "
+            if len(self._active) >= self.config.max_running:
+                raise Overloaded(f"{len(self._active)} sequences already decoding; the limit is "
                                  f"{self.config.max_running}")
-            if request_id in self._running:
+            if request_id in self._active:
                 raise InvalidInput(f"request {request_id!r} is already decoding here")
-            flag = self._running[request_id] = threading.Event()
-            metrics.RUNNING.labels(ROLE).set(len(self._running))
-        return flag
+            self._active.add(request_id)
 
     def _leave(self, request_id: str) -> None:
         with self._lock:
-            self._running.pop(request_id, None)
-            metrics.RUNNING.labels(ROLE).set(len(self._running))
+            self._active.discard(request_id)

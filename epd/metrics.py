@@ -29,6 +29,9 @@ RUNNING = Gauge("epd_running_requests", "Requests being worked on now", ["role"]
 
 KV_BLOCKS_USED = Gauge("epd_kv_blocks_used", "KV cache blocks held by requests", ["role"])
 KV_BLOCKS_TOTAL = Gauge("epd_kv_blocks_total", "KV cache blocks this worker can hold", ["role"])
+BATCH_SIZE = Histogram("epd_batch_size", "Sequences in one engine forward", ["role"],
+                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+PREEMPTIONS = Counter("epd_scheduler_preemptions", "Sequences preempted (blocks freed, to be recomputed)", ["role"])
 
 EMBEDDING_CACHE_HITS = Counter("epd_embedding_cache_hits", "Images whose embeddings were already held", ["role"])
 EMBEDDING_CACHE_MISSES = Counter("epd_embedding_cache_misses", "Images whose embeddings had to be computed or pulled",

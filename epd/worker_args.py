@@ -28,14 +28,21 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="write {role, address, metrics_port, pid} here as JSON once ready (for launchers)")
     p.add_argument("--transfer", choices=("grpc", "shm"), default=env_default("transfer", "grpc"),
                    help="how this worker's outputs are pulled: grpc (anywhere) or shm (same host)")
-    p.add_argument("--threads", type=int, default=env_default("threads", 64), help="gRPC handler threads")
+    p.add_argument("--threads", type=int, default=env_default("threads", 0),
+                   help="gRPC handler threads (0: enough for every long call plus a reserve for short ones)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
 
 
-def worker_options(args: argparse.Namespace) -> WorkerOptions:
+# Threads kept free of long calls (decode streams, prefills waiting on the engine), so that health
+# checks, transfer pulls and cancels never queue behind them: a healthy worker is never ejected.
+SHORT_CALL_THREADS = 16
+
+
+def worker_options(args: argparse.Namespace, long_calls: int = 48) -> WorkerOptions:
+    """`long_calls`: how many calls the role's own admission lets block at once."""
+    threads = args.threads or long_calls + SHORT_CALL_THREADS
     return WorkerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
-                         ready_file=args.ready_file, threads=args.threads,
-                         max_concurrent_rpcs=max(2 * args.threads, 16))
+                         ready_file=args.ready_file, threads=threads, max_concurrent_rpcs=threads + 64)
 
 
 def setup_logging(level: str) -> None:

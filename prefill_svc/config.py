@@ -11,7 +11,6 @@ class PrefillConfig:
     transfer_backend: str = "grpc"  # how decode workers pull the KV: grpc | shm
     embedding_cache_bytes: int = 256 << 20  # local cache of pulled embeddings, by digest
     kv_lease_ttl_s: float = 60.0  # KV not acknowledged by a decode worker is freed after this
-    max_queue: int = 64  # requests waiting for the model; beyond this Prefill is RESOURCE_EXHAUSTED
     max_prompt_tokens: int = 32768
     pull_timeout_s: float = 30.0
     prefill_timeout_s: float = 120.0  # used when the request carries no deadline
@@ -19,7 +18,7 @@ class PrefillConfig:
     def __post_init__(self) -> None:
         if self.transfer_backend not in ("grpc", "shm"):
             raise ValueError(f"transfer backend must be grpc or shm, got {self.transfer_backend!r}")
-        for name in ("embedding_cache_bytes", "max_queue", "max_prompt_tokens"):
+        for name in ("embedding_cache_bytes", "max_prompt_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("kv_lease_ttl_s", "pull_timeout_s", "prefill_timeout_s"):

@@ -1,10 +1,11 @@
-"""`epd prefill`: load the language side, warm up, serve Prefill and Transfer (the KV it leases)."""
+"""`epd prefill`: load the language side, start the engine, warm up, serve Prefill and Transfer (the KV it leases)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from epd.engine_args import add_engine_arguments, engine_config
 from epd.worker_args import add_worker_arguments, env_default, model_dir_or_demo, setup_logging, worker_options
 
 ROLE = "prefill"
@@ -12,9 +13,9 @@ ROLE = "prefill"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_worker_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--embedding-cache-mb", type=int, default=env_default("prefill_cache_mb", 256))
     p.add_argument("--kv-lease-ttl-s", type=float, default=env_default("kv_lease_ttl_s", 60.0))
-    p.add_argument("--max-queue", type=int, default=env_default("max_queue", 64))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,22 +24,24 @@ def run(args: argparse.Namespace) -> int:
     from prefill_svc.config import PrefillConfig
 
     try:
-        options = worker_options(args)
+        options = worker_options(args, long_calls=args.max_running + args.max_queue)
         config = PrefillConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
                                embedding_cache_bytes=args.embedding_cache_mb << 20,
-                               kv_lease_ttl_s=args.kv_lease_ttl_s, max_queue=args.max_queue)
-        from epd.engine.language import LanguageRunner
+                               kv_lease_ttl_s=args.kv_lease_ttl_s)
+        from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_language_model
 
         language = load_language_model(config.model_dir)
+        engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd prefill: {exc}", file=sys.stderr)
         return 1
-    return _serve(LanguageRunner(language), eos_token_ids(language.model_dir, language.config), config, options)
+    return _serve(engine, config, options)
 
 
-def _serve(runner, eos, config, options) -> int:
+def _serve(engine, config, options) -> int:
+    from epd.engine.loop import EngineLoop
     from epd.transfer.receiver import TransferReceiver
     from epd.transfer.sender import TransferSender
     from epd.v1 import prefill_pb2, prefill_pb2_grpc
@@ -48,14 +51,16 @@ def _serve(runner, eos, config, options) -> int:
 
     sender = TransferSender(config.transfer_backend, owner_address="")
     receiver = TransferReceiver(timeout_s=config.pull_timeout_s)
-    service = PrefillService(runner, receiver, sender, eos, config)
+    loop = EngineLoop(engine)
+    service = PrefillService(loop, receiver, sender, config)
 
     def add_services(server, address: str) -> list[str]:
         prefill_pb2_grpc.add_PrefillServicer_to_server(PrefillServicer(service), server)
         return [prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name, add_transfer(server, address, sender)]
 
     def warm_up() -> None:
+        loop.start()
         service.warm_up()
         sender.start_reaper()
 
-    return run_worker(ROLE, options, add_services, warm_up, closers=[receiver.close, sender.close])
+    return run_worker(ROLE, options, add_services, warm_up, closers=[loop.close, receiver.close, sender.close])

@@ -1,20 +1,21 @@
 """The prefill worker's domain logic: gather the prompt's embeddings (local cache, else pull from the
-encoder), run the prompt through the language model, sample the first token, lease the KV cache.
+encoder), run the prompt through the engine (batched with other prompts, chunked when long), and
+lease the finished prompt's KV blocks to the decode worker.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from epd import metrics
 from epd.engine.encode import EncodedImage
-from epd.engine.kv import export_kv
-from epd.engine.language import LanguageRunner
-from epd.engine.sampling import Sampler, SamplingParams
+from epd.engine.loop import EngineLoop
+from epd.engine.params import SamplingParams
+from epd.engine.sequence import Finish
 from epd.lru import ByteBudgetLRU
-from epd.model_gate import ModelGate
-from epd.rpc_errors import InvalidInput
+from epd.rpc_errors import InvalidInput, Overloaded
 from epd.transfer.receiver import TransferReceiver
 from epd.transfer.sender import TransferSender
 from prefill_svc.config import PrefillConfig
@@ -43,44 +44,61 @@ class PrefillResult:
     kv_handle: object | None = None  # common_pb2.TransferHandle
     kv_tensors: list | None = None  # [(name, tensor)], for their metadata
     position_delta: int = 0
+    block_size: int = 0
 
 
 class PrefillService:
-    def __init__(self, runner: LanguageRunner, receiver: TransferReceiver, sender: TransferSender,
-                 eos_token_ids: Sequence[int], config: PrefillConfig) -> None:
-        self.runner = runner
+    def __init__(self, loop: EngineLoop, receiver: TransferReceiver, sender: TransferSender,
+                 config: PrefillConfig) -> None:
+        self.loop = loop
+        self.engine = loop.engine
         self.receiver = receiver
         self.sender = sender
-        self.eos_token_ids = tuple(eos_token_ids)
         self.config = config
-        self.vocab_size = int(runner.language.config.get_text_config().vocab_size)
+        self.image_token_id = int(self.engine.language.config.image_token_id)
         self.cache: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.embedding_cache_bytes)
-        self.gate = ModelGate(ROLE, config.max_queue)
+        limits = self.engine.config.scheduler
+        # Each prefill holds a gRPC thread until its prompt is done: cap them (see worker_args).
+        self.max_in_flight = limits.max_running + limits.max_waiting
+        self._in_flight = threading.BoundedSemaphore(self.max_in_flight)
 
     def warm_up(self) -> None:
-        """A real forward over a short text prompt."""
-        logits, _ = self.runner.prefill([0, 1, 2], [], [])
-        if logits.shape[-1] != self.vocab_size:
-            raise RuntimeError(f"warm-up forward gave {logits.shape[-1]} logits, expected {self.vocab_size}")
+        """A real prompt through the engine, its KV exported as a decode worker would receive it."""
+        seq = self.engine.new_sequence("warm-up", [0, 1, 2], SamplingParams(max_tokens=2, ignore_eos=True),
+                                       handoff=True)
+        out = self.loop.submit(seq).get(timeout_s=self.config.prefill_timeout_s)
+        if out.finish is not Finish.HANDOFF or not out.kv:
+            raise RuntimeError(f"warm-up prefill ended with {out.finish} and no KV")
 
-    def prefill(self, token_ids: list[int], images: list[ImageEmbedding], params: SamplingParams,
+    def prefill(self, request_id: str, token_ids: list[int], images: list[ImageEmbedding], params: SamplingParams,
                 stop_token_ids: Sequence[int], timeout_s: float) -> PrefillResult:
+        if not request_id:
+            raise InvalidInput("request_id is empty; the engine keys requests by it")
         self._validate(token_ids, images)
-        encoded = [self._embedding(im, timeout_s) for im in images]
-        metrics.RUNNING.labels(ROLE).inc()
+        if not self._in_flight.acquire(blocking=False):
+            raise Overloaded(f"{self.max_in_flight} prefills already in flight; try again later")
         try:
-            with self.gate.turn(timeout_s):
-                logits, state = self.runner.prefill(token_ids, encoded, [im.start for im in images])
+            return self._prefill(request_id, token_ids, images, params, stop_token_ids, timeout_s)
         finally:
-            metrics.RUNNING.labels(ROLE).dec()
-        first = Sampler(params)(logits)
-        stops = set(stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        finish = "stop" if first in stops else "length" if params.max_tokens <= 1 else None
-        if finish is not None:
-            return PrefillResult(first, finish, len(token_ids))
-        kv = export_kv(state.cache)
-        handle = self.sender.publish(kv, kind="kv", ttl_s=self.config.kv_lease_ttl_s)
-        return PrefillResult(first, None, len(token_ids), handle, kv, state.plan.delta)
+            self._in_flight.release()
+
+    def _prefill(self, request_id: str, token_ids: list[int], images: list[ImageEmbedding], params: SamplingParams,
+                 stop_token_ids: Sequence[int], timeout_s: float) -> PrefillResult:
+        encoded = [self._embedding(im, timeout_s) for im in images]
+        seq = self.engine.new_sequence(request_id, token_ids, params, encoded, [im.start for im in images],
+                                       digests=[im.digest for im in images], extra_stop_ids=stop_token_ids,
+                                       handoff=True)
+        stream = self.loop.submit(seq)
+        try:
+            out = stream.get(timeout_s)
+        except TimeoutError:
+            self.loop.abort(request_id)
+            raise
+        if out.finish is not Finish.HANDOFF:
+            return PrefillResult(out.token, out.finish.value, len(token_ids))
+        handle = self.sender.publish(out.kv, kind="kv", ttl_s=self.config.kv_lease_ttl_s)
+        return PrefillResult(out.token, None, len(token_ids), handle, out.kv, seq.inputs.plan.delta,
+                             self.engine.config.block_size)
 
     def _embedding(self, image: ImageEmbedding, timeout_s: float) -> EncodedImage:
         if image.inline is not None:
@@ -105,18 +123,20 @@ class PrefillService:
             raise InvalidInput("token_ids is empty")
         if len(token_ids) > self.config.max_prompt_tokens:
             raise InvalidInput(f"prompt has {len(token_ids)} tokens; the limit is {self.config.max_prompt_tokens}")
-        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if len(token_ids) >= self.engine.max_model_len:
+            raise InvalidInput(f"prompt has {len(token_ids)} tokens; the model's context is "
+                               f"{self.engine.max_model_len}")
+        bad = next((t for t in token_ids if not 0 <= t < self.engine.vocab_size), None)
         if bad is not None:
-            raise InvalidInput(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
-        image_token = self.runner.image_token_id
+            raise InvalidInput(f"token id {bad} is outside the vocabulary [0, {self.engine.vocab_size})")
         cursor = 0
         for k, im in enumerate(images):
             span = token_ids[im.start:im.start + im.num_tokens]
-            if im.start < cursor or len(span) != im.num_tokens or any(t != image_token for t in span):
+            if im.start < cursor or len(span) != im.num_tokens or any(t != self.image_token_id for t in span):
                 raise InvalidInput(f"image {k}: tokens [{im.start}, {im.start + im.num_tokens}) are not "
                                    f"{im.num_tokens} image tokens after the previous image")
             cursor = im.start + im.num_tokens
         placed = sum(im.num_tokens for im in images)
-        if token_ids.count(image_token) != placed:
-            raise InvalidInput(f"prompt has {token_ids.count(image_token)} image tokens but the images "
+        if token_ids.count(self.image_token_id) != placed:
+            raise InvalidInput(f"prompt has {token_ids.count(self.image_token_id)} image tokens but the images "
                                f"account for {placed}")

@@ -25,8 +25,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             raise InvalidInput(f"{len(request.embeddings)} embeddings but {len(request.mm_positions)} mm_positions")
         images = [image_from_pb(ref, start) for ref, start in zip(request.embeddings, request.mm_positions,
                                                                   strict=True)]
-        result = self.service.prefill(list(request.token_ids), images, sampling_from_pb(request.sampling),
-                                      tuple(request.sampling.stop_token_ids), timeout_s)
+        result = self.service.prefill(request.request_id, list(request.token_ids), images,
+                                      sampling_from_pb(request.sampling), tuple(request.sampling.stop_token_ids),
+                                      timeout_s)
         return to_pb(request.request_id, result)
 
 
@@ -49,7 +50,7 @@ def to_pb(request_id: str, result: PrefillResult) -> prefill_pb2.PrefillResponse
                                                                     common_pb2.FINISH_REASON_UNSPECIFIED))
     if result.kv_handle is not None:
         response.kv.CopyFrom(common_pb2.KvRef(
-            request_id=request_id, num_tokens=result.prompt_tokens, block_size=0,
+            request_id=request_id, num_tokens=result.prompt_tokens, block_size=result.block_size,
             num_layers=len(result.kv_tensors) // 2, tensors=[meta_of(n, t) for n, t in result.kv_tensors],
             handle=result.kv_handle, position_delta=result.position_delta))
     return response

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from epd.engine.sampling import SamplingParams
+from epd.engine.params import SamplingParams
 from router.errors import RequestError
 
 # "developer" is OpenAI's newer name for the system role.

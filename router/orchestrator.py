@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import grpc
 
 from epd.deadlines import deadline_ms_in
+from epd.engine.params import SamplingParams
 from epd.engine.placeholders import expand_placeholders
-from epd.engine.sampling import SamplingParams
 from epd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, encoder_pb2, encoder_pb2_grpc, prefill_pb2, prefill_pb2_grpc
 from epd.wire.sampling import sampling_to_pb
 from router.policies import NoWorkerAvailable, make_policy

@@ -6,36 +6,11 @@ comparison is exact. Filters apply in transformers' order: temperature, then top
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
+from epd.engine.params import SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick each next token and when to stop."""
-
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means no top-k filter
-    seed: int | None = None
-    max_tokens: int = 16
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+__all__ = ["Sampler", "SamplingParams", "filter_logits"]
 
 
 class Sampler:

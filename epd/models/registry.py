@@ -30,6 +30,7 @@ class FamilyAdapter:
     split_output: Callable[[object, int], list[ImageTensors]]
     join_output: Callable[[list[ImageTensors]], object]
     plan_positions: Callable[[PretrainedConfig, list[int], list[tuple[int, tuple[int, int, int]]]], PositionPlan]
+    latent_attention: bool = False  # MLA layers: the engine runs them with the up-projection absorbed
 
     def model_cls(self) -> type:
         import transformers
@@ -84,6 +85,7 @@ ADAPTERS: dict[str, FamilyAdapter] = {
         split_output=_pooled_split,
         join_output=_pooled_join,
         plan_positions=_kimi_positions,
+        latent_attention=True,
     ),
     "qwen3_vl_moe": FamilyAdapter(
         model_type="qwen3_vl_moe",

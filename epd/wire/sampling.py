@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epd.engine.sampling import SamplingParams
+from epd.engine.params import SamplingParams
 from epd.v1 import common_pb2
 
 

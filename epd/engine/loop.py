@@ -1,0 +1,167 @@
+"""The engine on a thread of its own, fed by request threads.
+
+Request handlers (gRPC threads) never touch the engine: they put submissions and aborts into a
+bounded inbox and read their sequence's outputs from a `Stream`. The loop thread drains the inbox
+between steps, steps while there is work, and sleeps on a condition when there is none. A step
+that raises fails only the sequences it held (each stream gets the error) and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from epd import metrics
+from epd.engine.engine import Engine, StepOutput
+from epd.engine.paged_cache import NamedTensors
+from epd.engine.scheduler import QueueFull
+from epd.engine.sequence import Finish, Sequence
+from epd.rpc_errors import Overloaded
+
+log = logging.getLogger(__name__)
+
+
+class EngineFull(Overloaded):
+    """The engine cannot take the sequence now (queue full, or no blocks for imported KV)."""
+
+
+class Stream:
+    """One sequence's outputs, in order: StepOutput items, then nothing more once one has a finish.
+
+    Holds at most max_tokens + 1 items (one per token, plus an error), so it needs no other bound.
+    """
+
+    def __init__(self, seq: Sequence) -> None:
+        self.seq = seq
+        self._items: queue.SimpleQueue[StepOutput | BaseException] = queue.SimpleQueue()
+
+    def put(self, item: StepOutput | BaseException) -> None:
+        self._items.put(item)
+
+    def get(self, timeout_s: float) -> StepOutput:
+        """The next output; raises what the engine reported, or TimeoutError after timeout_s."""
+        try:
+            item = self._items.get(timeout=max(timeout_s, 0.0))
+        except queue.Empty:
+            raise TimeoutError(f"no output for {self.seq.request_id} within {timeout_s:.1f} s") from None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+@dataclass(frozen=True)
+class _Submit:
+    stream: Stream
+    kv: NamedTensors | None  # imported prompt KV (decode workers), else None
+
+
+class EngineLoop:
+    def __init__(self, engine: Engine, max_inbox: int = 1024, idle_wait_s: float = 0.5) -> None:
+        self.engine = engine
+        self.max_inbox = max_inbox
+        self.idle_wait_s = idle_wait_s
+        self._inbox: deque[_Submit | str] = deque()  # submissions, and request ids to abort
+        self._wake = threading.Condition()
+        self._streams: dict[str, Stream] = {}  # loop thread only
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name=f"epd-{engine.role}-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, seq: Sequence, kv: NamedTensors | None = None) -> Stream:
+        """Queue a sequence (with its imported KV, on decode workers); EngineFull when the inbox is full."""
+        stream = Stream(seq)
+        with self._wake:
+            if self._stop:
+                raise RuntimeError("the engine is shut down")
+            if len(self._inbox) >= self.max_inbox:
+                raise EngineFull(f"{len(self._inbox)} submissions already wait for the engine")
+            self._inbox.append(_Submit(stream, kv))
+            self._wake.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a sequence wherever it is; its stream ends with a CANCELLED output."""
+        with self._wake:
+            self._inbox.append(request_id)  # never refused: aborts free resources
+            self._wake.notify()
+
+    def free_blocks(self) -> int:
+        """Blocks free right now (a racy read, for fast admission checks)."""
+        return self.engine.blocks.num_free_blocks
+
+    # --- the loop thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._inbox and not self.engine.has_work and not self._stop:
+                    self._wake.wait(self.idle_wait_s)
+                if self._stop:
+                    break
+                pending, self._inbox = self._inbox, deque()
+            for item in pending:
+                self._take(item)
+            if self.engine.has_work:
+                self._step()
+            metrics.QUEUE_DEPTH.labels(self.engine.role).set(len(self.engine.scheduler.waiting))
+            metrics.RUNNING.labels(self.engine.role).set(len(self.engine.scheduler.running))
+        for stream in list(self._streams.values()):
+            stream.put(RuntimeError("the engine shut down"))
+        self._streams.clear()
+
+    def _take(self, item: _Submit | str) -> None:
+        if isinstance(item, str):
+            stream = self._streams.pop(item, None)
+            if stream is not None:
+                self.engine.abort(stream.seq)
+                stream.put(StepOutput(stream.seq, -1, Finish.CANCELLED))
+            return
+        seq = item.stream.seq
+        if seq.request_id in self._streams:
+            item.stream.put(ValueError(f"request {seq.request_id!r} is already in the engine"))
+            return
+        try:
+            if item.kv is None:
+                self.engine.add(seq)
+            elif not self.engine.admit_imported(seq, item.kv):
+                raise EngineFull(f"no free KV blocks for {seq.max_total_tokens} tokens "
+                                 f"({self.engine.blocks.num_free_blocks} blocks free)")
+        except (QueueFull, EngineFull, ValueError) as exc:
+            item.stream.put(EngineFull(str(exc)) if isinstance(exc, QueueFull) else exc)
+            return
+        self._streams[seq.request_id] = item.stream
+
+    def _step(self) -> None:
+        started = time.monotonic()
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:  # a bad step must not take the worker down with it
+            log.exception("%s engine step failed", self.engine.role)
+            for seq in self.engine.fail_running(exc):
+                stream = self._streams.pop(seq.request_id, None)
+                if stream is not None:
+                    stream.put(RuntimeError(f"the engine step failed: {exc}"))
+            return
+        for out in outputs:
+            stream = self._streams.get(out.seq.request_id)
+            if stream is None:
+                continue
+            stream.put(out)
+            if out.finish is not None:
+                del self._streams[out.seq.request_id]
+        log.debug("%s step: %d outputs in %.1f ms", self.engine.role, len(outputs),
+                  (time.monotonic() - started) * 1000)
+

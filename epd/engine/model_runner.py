@@ -1,0 +1,150 @@
+"""One forward for everything the scheduler picked: pack, run, sample.
+
+The scheduled sequences become ONE `[1, T]` row (single-token decodes first, then prefill
+chunks), with per-token positions from each sequence's plan, the image embedding rows that fall in
+each chunk, the pool slots to write, and the contexts to read (`StepLayout`). `logits_to_keep` is
+the index of each sampling sequence's last token, so the LM head runs on those rows only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from epd.engine.attention import PrefillSegment, StepLayout, causal_chunk_mask
+from epd.engine.paged_cache import NamedTensors, PagedKVCache
+from epd.engine.positions import PositionPlan
+from epd.engine.sampling import Sampler
+from epd.engine.scheduler import Scheduled
+from epd.engine.sequence import Sequence
+from epd.models.loading import LanguageModel
+from epd.models.registry import ImageTensors
+
+
+@dataclass
+class SequenceInputs:
+    """What the runner keeps per sequence: positions, image embeddings (aligned with seq.images), sampler."""
+
+    plan: PositionPlan
+    images: list[ImageTensors]
+    sampler: Sampler
+
+    def positions(self, start: int, stop: int) -> torch.Tensor:
+        """Positions of tokens [start, stop): [n] (1-D rope) or [rows, n] (M-RoPE)."""
+        prompt = self.plan.prefill.shape[-1]
+        parts = []
+        if start < prompt:
+            parts.append(self.plan.prefill[..., start:min(stop, prompt)])
+        if stop > prompt:
+            first = max(start, prompt)
+            parts.append(self.plan.decode_positions(first, stop - first))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+@dataclass
+class _Batch:
+    ids: list[int]
+    positions: list[torch.Tensor]
+    slots: list[torch.Tensor]
+    contexts: list[torch.Tensor]
+    images: list[ImageTensors]
+    keep: list[int]
+    samplers: list[tuple[Sequence, Sampler]]
+
+
+class ModelRunner:
+    def __init__(self, language: LanguageModel, cache: PagedKVCache) -> None:
+        self.language = language
+        self.model = language.model
+        self.cache = cache
+        self.block_size = cache.block_size
+
+    @torch.inference_mode()
+    def execute(self, scheduled: list[Scheduled]) -> dict[int, int]:
+        """Run one step; returns the sampled token of every sequence that reached its last token, by id(seq)."""
+        items = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)  # decodes first (stable)
+        decodes = [s for s in items if s.num_new_tokens == 1]
+        batch = _Batch([], [], [], [], [], [], [])
+        for item in items:
+            self._pack(item, batch)
+        layout = self._layout(items, decodes, batch)
+        positions = torch.cat(batch.positions, dim=-1)  # [T] or [rows, T]
+        position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
+        mm = {"image": self.language.adapter.join_output(batch.images)} if batch.images else None
+        out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long), position_ids=position_ids,
+                         cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
+                         logits_to_keep=torch.tensor(batch.keep, dtype=torch.long), epd_layout=layout)
+        return sample_rows(out.logits[0], batch.samplers)  # logits [n_keep, V]
+
+    def export_prompt(self, seq: Sequence) -> NamedTensors:
+        """The blocks holding the prompt's KV (the last one may be partly filled)."""
+        blocks = seq.block_table[:-(-seq.num_prompt_tokens // self.block_size)]
+        return self.cache.export_blocks(blocks)
+
+    def import_prompt(self, seq: Sequence, tensors: NamedTensors) -> None:
+        """Write an exported prompt's KV into the blocks `seq` was given."""
+        self.cache.import_tokens(tensors, seq.num_prompt_tokens, self._slots(seq, 0, seq.num_prompt_tokens))
+
+    # --- packing --------------------------------------------------------------------------------
+
+    def _pack(self, item: Scheduled, batch: _Batch) -> None:
+        seq, start, stop = item.seq, item.start, item.start + item.num_new_tokens
+        inputs: SequenceInputs = seq.inputs
+        batch.ids.extend(seq.token_ids[start:stop])
+        batch.positions.append(inputs.positions(start, stop))
+        batch.slots.append(self._slots(seq, start, stop))
+        batch.contexts.append(self._slots(seq, 0, stop))
+        for span, tensors in zip(seq.images, inputs.images, strict=True):
+            lo, hi = max(start, span.start), min(stop, span.start + span.num_tokens)
+            if lo < hi:  # rows of this image that fall in the chunk, in order
+                batch.images.append({k: v[lo - span.start:hi - span.start] for k, v in tensors.items()})
+        if item.samples:
+            batch.keep.append(len(batch.ids) - 1)
+            batch.samplers.append((seq, inputs.sampler))
+
+    def _slots(self, seq: Sequence, start: int, stop: int) -> torch.Tensor:
+        """Pool slots of tokens [start, stop) of `seq`: [stop - start] long."""
+        first, last = start // self.block_size, -(-stop // self.block_size)
+        blocks = torch.tensor(seq.block_table[first:last], dtype=torch.long)
+        slots = (blocks[:, None] * self.block_size + torch.arange(self.block_size)).reshape(-1)
+        offset = start - first * self.block_size
+        return slots[offset:offset + stop - start]
+
+    def _layout(self, items: list[Scheduled], decodes: list[Scheduled], batch: _Batch) -> StepLayout:
+        n = len(decodes)
+        contexts = batch.contexts
+        length = max((len(c) for c in contexts[:n]), default=0)
+        kv: list[torch.Tensor] = []
+        mask = None
+        if n:
+            padded = torch.zeros(n, length, dtype=torch.long)  # slot 0: the zero block
+            lengths = torch.tensor([len(c) for c in contexts[:n]])
+            for row, context in enumerate(contexts[:n]):
+                padded[row, :len(context)] = context
+            kv.append(padded.reshape(-1))
+            mask = (torch.arange(length)[None, :] < lengths[:, None]).view(n, 1, length)  # [n, 1(G), L]
+        segments = []
+        q_start, kv_start = n, n * length
+        for item, context in zip(items[n:], contexts[n:], strict=True):
+            q_len, kv_len = item.num_new_tokens, len(context)
+            chunk_mask = None if q_len == kv_len else causal_chunk_mask(q_len, kv_len)
+            segments.append(PrefillSegment(q_start, q_len, kv_start, kv_len, chunk_mask))
+            kv.append(context)
+            q_start, kv_start = q_start + q_len, kv_start + kv_len
+        return StepLayout(slot_mapping=torch.cat(batch.slots), kv_index=torch.cat(kv), num_decodes=n,
+                          decode_kv_len=length, decode_mask=mask, prefills=tuple(segments))
+
+
+def sample_rows(logits: torch.Tensor, samplers: list[tuple[Sequence, Sampler]]) -> dict[int, int]:
+    """logits [n, V], one row per sampler -> {id(seq): token}; greedy rows share one argmax."""
+    tokens: dict[int, int] = {}
+    greedy = [row for row, (_, sampler) in enumerate(samplers) if sampler.params.greedy]
+    if greedy:
+        picks = logits[greedy].argmax(dim=-1).tolist()
+        for row, token in zip(greedy, picks, strict=True):
+            tokens[id(samplers[row][0])] = token
+    for row, (seq, sampler) in enumerate(samplers):
+        if not sampler.params.greedy:
+            tokens[id(seq)] = sampler(logits[row])
+    return tokens

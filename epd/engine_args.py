@@ -1,0 +1,42 @@
+"""Command-line flags of the workers that run the engine (prefill, decode, colocated), with `EPD_*` defaults."""
+
+from __future__ import annotations
+
+import argparse
+
+from epd.worker_args import env_default
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--kv-cache-mb", type=int, default=env_default("kv_cache_mb", 1024),
+                   help="KV block pool budget in MiB (default 1024); a full pool refuses new work")
+    g.add_argument("--kv-blocks", type=int, default=env_default("kv_blocks", 0),
+                   help="KV blocks in the pool, instead of --kv-cache-mb (0: use the budget)")
+    g.add_argument("--block-size", type=int, default=env_default("block_size", 16), help="tokens per KV block")
+    g.add_argument("--max-running", type=int, default=env_default("max_running", 64),
+                   help="sequences in the running batch")
+    g.add_argument("--max-batched-tokens", type=int, default=env_default("max_batched_tokens", 2048),
+                   help="tokens in one forward")
+    g.add_argument("--max-prefill-chunk", type=int, default=env_default("max_prefill_chunk", 512),
+                   help="prompt tokens of one sequence per forward; longer prompts are chunked")
+    g.add_argument("--max-queue", type=int, default=env_default("max_queue", 256),
+                   help="sequences waiting for blocks or budget; beyond this RESOURCE_EXHAUSTED")
+    g.add_argument("--scheduler-policy", choices=("decode_first", "fcfs"),
+                   default=env_default("scheduler_policy", "decode_first"))
+    g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
+
+
+def engine_config(args: argparse.Namespace):
+    """The EngineConfig the flags describe (ValueError naming a bad value)."""
+    from epd.engine.engine import EngineConfig
+    from epd.engine.scheduler import SchedulerConfig
+
+    scheduler = SchedulerConfig(max_running=args.max_running, max_batched_tokens=args.max_batched_tokens,
+                                max_prefill_chunk=args.max_prefill_chunk, max_waiting=args.max_queue,
+                                policy=args.scheduler_policy)
+    if args.kv_blocks < 0 or args.kv_cache_mb < 1:
+        raise ValueError(f"--kv-blocks must be >= 0 and --kv-cache-mb >= 1, got {args.kv_blocks}, {args.kv_cache_mb}")
+    return EngineConfig(block_size=args.block_size, kv_cache_bytes=args.kv_cache_mb << 20,
+                        num_blocks=args.kv_blocks or None, enable_prefix_cache=not args.no_prefix_cache,
+                        scheduler=scheduler)

@@ -1,0 +1,138 @@
+"""The engine under batching equals transformers' greedy `generate`, token for token, for both families:
+sequences of mixed lengths and images admitted at different steps, prompts long enough to be
+chunked (image rows split across chunks), and sequences preempted and resumed."""
+
+from __future__ import annotations
+
+import random
+from functools import cache
+
+import pytest
+from PIL import Image
+
+from epd.chat import render_prompt
+from epd.engine.engine import EngineConfig
+from epd.engine.params import SamplingParams
+from epd.engine.pipeline import InProcessPipeline
+from epd.engine.scheduler import SchedulerConfig
+from epd.engine.sequence import Finish
+from tests.model.conftest import FAMILIES, reference_generate, sample_images, user_message
+
+NEW_TOKENS = 24
+TEXTS = ["Describe the picture.", "What colours are there, and where? Answer in a long sentence please.",
+         "Hi.", "Tell me a story about the sea and the small red house that stands next to it."]
+
+
+def _requests() -> list[tuple[int, str]]:
+    """(number of images, text) per request: text-only, one image, two images; short and long."""
+    return [(0, TEXTS[0]), (1, TEXTS[1]), (2, TEXTS[2]), (1, TEXTS[3]), (0, TEXTS[3]), (2, TEXTS[1])]
+
+
+@cache
+def _reference(model_dir: str, index: int) -> tuple[int, ...]:
+    count, text = _requests()[index]
+    ids, _ = reference_generate(model_dir, [user_message(count, text, with_pixels=_images(index))], NEW_TOKENS)
+    assert len(ids) >= 16 and len(set(ids)) >= 6, f"reference {ids} too short or degenerate to compare"
+    return tuple(ids)
+
+
+def _images(index: int) -> list[Image.Image]:
+    count, _ = _requests()[index]
+    images = sample_images()
+    return (images[index % 2:] + images[:index % 2])[:count]
+
+
+def _pipeline(model_dir: str, **engine) -> InProcessPipeline:
+    return InProcessPipeline(model_dir, EngineConfig(**engine))
+
+
+def _sequence(pipe: InProcessPipeline, index: int):
+    count, text = _requests()[index]
+    prompt = render_prompt(pipe.tokenizer, [user_message(count, text)])
+    return pipe.sequence(prompt, _images(index), SamplingParams(max_tokens=NEW_TOKENS))
+
+
+def _run_staggered(pipe: InProcessPipeline, order: list[int], every: int) -> dict[int, list[int]]:
+    """Add one request every `every` steps (the rest arrive while others decode), run all to the end."""
+    seqs = {index: _sequence(pipe, index) for index in order}
+    pending = list(order)
+    steps = 0
+    while pending or any(s.finish is None for s in seqs.values()):
+        if pending and steps % every == 0:
+            pipe.engine.add(seqs[pending.pop(0)])
+        pipe.engine.step()
+        steps += 1
+        assert steps < 2000, "the engine stopped making progress"
+    assert pipe.engine.blocks.num_used_blocks == 0, "blocks leaked after every sequence finished"
+    return {i: s.token_ids[s.num_prompt_tokens:] for i, s in seqs.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_mixed_requests_admitted_at_different_steps(family, tiny_dirs):
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
+    got = _run_staggered(pipe, order=[3, 0, 5, 1, 4, 2], every=3)
+    for index, tokens in got.items():
+        assert tokens == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_chunked_prefill_splits_prompts_and_images(family, tiny_dirs):
+    """Chunks of 7 tokens with a 20-token budget: image rows fall on both sides of chunk boundaries."""
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4,
+                     scheduler=SchedulerConfig(max_batched_tokens=20, max_prefill_chunk=7))
+    seqs = [_sequence(pipe, i) for i in (5, 1, 3)]
+    assert all(s.num_prompt_tokens > 14 for s in seqs), "prompts must span several chunks"
+    pipe.engine.run_to_completion(seqs)
+    for index, s in zip((5, 1, 3), seqs, strict=True):
+        assert s.token_ids[s.num_prompt_tokens:] == list(_reference(tiny_dirs[family], index))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_preempted_sequences_resume_to_the_same_tokens(family, tiny_dirs):
+    order = [5, 1, 3, 0]
+    sizer = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
+    needs = [sizer.engine.blocks.blocks_for(_sequence(sizer, i).max_total_tokens) for i in order]
+    # Enough blocks for any one request to finish, far from enough for all of them together.
+    pipe = _pipeline(tiny_dirs[family], num_blocks=max(needs) + 3, block_size=4)
+    assert sum(needs) > max(needs) + 2
+    got = _run_staggered(pipe, order=order, every=1)
+    assert pipe.engine.scheduler.num_preemptions >= 1, "the pool was large enough: nothing was preempted"
+    for index in order:
+        assert got[index] == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_repeated_prompt_hits_the_prefix_cache_and_gives_the_same_tokens(family, tiny_dirs):
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
+    first = _sequence(pipe, 3)
+    pipe.engine.run_to_completion([first])
+    assert first.num_cached_tokens == 0
+    again = _sequence(pipe, 3)
+    pipe.engine.run_to_completion([again])
+    assert again.num_cached_tokens >= again.num_prompt_tokens - 4  # all but the last, partial block
+    assert again.token_ids[again.num_prompt_tokens:] == list(_reference(tiny_dirs[family], 3))
+
+
+def test_random_arrivals_and_aborts_leak_no_block(tiny_dirs):
+    """Against the model: random adds, aborts mid-prefill and mid-decode, a small pool; every block back."""
+    rng = random.Random(3)
+    pipe = _pipeline(tiny_dirs["qwen3_vl_moe"], num_blocks=48, block_size=4,
+                     scheduler=SchedulerConfig(max_batched_tokens=24, max_prefill_chunk=9))
+    live, finished = [], 0
+    for _ in range(160):
+        if rng.random() < 0.3 and len(live) < 6:
+            s = _sequence(pipe, rng.randrange(len(_requests())))
+            pipe.engine.add(s)
+            live.append(s)
+        if live and rng.random() < 0.08:
+            pipe.engine.abort(live.pop(rng.randrange(len(live))))
+        pipe.engine.step()
+        finished += sum(1 for s in live if s.finish is not None)
+        live = [s for s in live if s.finish is None]
+        used = sum(len(s.block_table) for s in pipe.engine.scheduler.running)
+        assert pipe.engine.blocks.num_used_blocks <= used  # shared prefix blocks count once
+    for s in live:
+        pipe.engine.abort(s)
+    assert finished >= 3
+    assert pipe.engine.blocks.num_used_blocks == 0
+    assert not pipe.engine.has_work and all(s.finish is Finish.CANCELLED for s in live)
