@@ -28,6 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_make_tiny_model(commands)
     _add_generate(commands)
     _add_serve(commands)
+    _add_bench(commands)
     for role, module in SERVICE_MODULES.items():
         _add_service(commands, role, module)
     args = parser.parse_args(argv)
@@ -69,7 +70,7 @@ def _add_generate(commands) -> None:
 
 
 def _run_generate(args) -> int:
-    from epd.engine.sampling import SamplingParams
+    from epd.engine.params import SamplingParams
     from epd.images import open_image_file
 
     try:
@@ -141,6 +142,16 @@ def _run_serve(args) -> int:
         print(f"epd serve: {exc}", file=sys.stderr)
         return 2
     return serve(options)
+
+
+def _add_bench(commands) -> None:
+    # epd.bench.cli imports only argparse at module level; its run() imports the load generator,
+    # httpx, PIL (and, for compare, transformers) when a bench command actually runs.
+    from epd.bench.cli import add_bench_arguments, run
+
+    p = commands.add_parser("bench", help="load generator and comparison for OpenAI-compatible servers")
+    add_bench_arguments(p)
+    p.set_defaults(run=run)
 
 
 if __name__ == "__main__":

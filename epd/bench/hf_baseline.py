@@ -1,0 +1,82 @@
+"""The reference point: plain transformers `generate`, one request at a time, in this process.
+
+This is what a user gets without any serving system: processor chat template + `generate`, greedy,
+`min_new_tokens` standing in for `ignore_eos` so every request makes exactly N tokens. A streamer
+timestamps each new token, so TTFT and inter-token gaps mean what they mean over HTTP (TTFT
+includes the processor, as the server's includes image decoding and processing).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from epd.bench.results import RequestResult
+from epd.bench.workloads import BenchRequest
+
+
+class TokenTimer(BaseStreamer):
+    """Records when each new token leaves `generate` (its first `put` is the prompt: skipped)."""
+
+    def __init__(self) -> None:
+        self.prompt_seen = False
+        self.times: list[float] = []
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:
+            self.prompt_seen = True
+            return
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+class HfBaseline:
+    """A model and processor loaded once; `generate_one` runs a request, `run` a list in order."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        self.processor = AutoProcessor.from_pretrained(model_dir)
+        self.model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+
+    @torch.inference_mode()
+    def generate_one(self, request: BenchRequest, output_len: int) -> RequestResult:
+        started = time.perf_counter()
+        timer = TokenTimer()
+        try:
+            inputs = self.processor.apply_chat_template(
+                request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
+                return_tensors="pt")
+            out = self.model.generate(**inputs, max_new_tokens=output_len, min_new_tokens=output_len,
+                                      do_sample=False, streamer=timer)
+        except Exception as exc:  # a failed request is a result, as over HTTP
+            return RequestResult(request.index, False, started, e2e_s=time.perf_counter() - started,
+                                 error=f"{type(exc).__name__}: {exc}")
+        e2e = time.perf_counter() - started
+        prompt_len = inputs["input_ids"].shape[1]
+        tokens = out.shape[1] - prompt_len
+        gaps = tuple(b - a for a, b in zip(timer.times, timer.times[1:], strict=False))
+        ttft = timer.times[0] - started if timer.times else None
+        return RequestResult(request.index, tokens > 0, started, ttft, e2e, gaps, tokens, prompt_len,
+                             error=None if tokens > 0 else "generate returned no tokens")
+
+    def run(self, requests: list[BenchRequest], output_len: int,
+            on_done: Callable[[RequestResult], None] = lambda r: None) -> tuple[list[RequestResult], float]:
+        """(results, wall time of the sequential run)."""
+        started = time.perf_counter()
+        results = []
+        for request in requests:
+            results.append(self.generate_one(request, output_len))
+            on_done(results[-1])
+        return results, time.perf_counter() - started
+
+    def close(self) -> None:
+        """Drop the weights before servers start, so they do not compete for memory with them."""
+        del self.model, self.processor

@@ -1,0 +1,92 @@
+"""`epd bench` against a real loopback server: the OpenAI-style stub in openai_stub.py.
+
+The stub generates tokens at a known pace and reports usage, so the figures the load generator
+prints can be checked exactly (counts) or for sense (rates > 0); compare runs the transformers
+baseline on a tiny generated checkpoint beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from epd import cli
+from epd.bench.load import LoadConfig, run_load
+from epd.bench.workloads import WorkloadSpec
+from epd.tiny.writer import make_tiny_model
+from tests.e2e.openai_stub import MODEL, StubServer
+
+
+@pytest.fixture()
+def stub():
+    with StubServer() as server:
+        yield server
+
+
+def images_in(body: dict) -> int:
+    return sum(part.get("type") == "image_url" for message in body["messages"] for part in message["content"])
+
+
+def test_bench_run_reports_exact_counts_and_writes_a_plot(stub, tmp_path):
+    png = tmp_path / "cdf.png"
+    command = [sys.executable, "-m", "epd", "bench", "run", "--url", f"{stub.url}/v1", "--workload", "image-1",
+               "--requests", "6", "--concurrency", "3", "--output-len", "5", "--background", "text:1",
+               "--slo", "ttft_ms=10000", "--json", "--plot", str(png)]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = report["summary"]
+    assert (report["model"], summary["requests"], summary["succeeded"], summary["failures"]) == (MODEL, 6, 6, 0)
+    assert summary["output_tokens"] == 30
+    assert summary["output_tok_per_s"] > 0 and summary["req_per_s"] > 0
+    assert summary["goodput_req_per_s"] == pytest.approx(summary["req_per_s"])  # a 10 s TTFT limit: all meet it
+    assert summary["itl_ms"]["count"] == 6 * 4  # five tokens, four gaps each
+    assert summary["ttft_ms"]["p50"] > 0 and summary["tpot_ms"]["p50"] > 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    measured = [b for b in stub.bodies if images_in(b) == 1]
+    assert len(measured) == 6 + 1  # and one warm-up
+    assert all(b["max_tokens"] == 5 and b["ignore_eos"] is True and b["temperature"] == 0 for b in measured)
+    assert all(b["stream_options"] == {"include_usage": True} and b["model"] == MODEL for b in measured)
+    assert any(images_in(b) == 0 for b in stub.bodies)  # the text background ran beside them
+
+
+def test_open_loop_through_the_python_api(stub):
+    config = LoadConfig(url=stub.url, workload=WorkloadSpec("text"), requests=8, rate=200.0, output_len=3,
+                        warmup=0, quiet=True)
+    result = run_load(config)
+    assert [r.index for r in result.results] == list(range(8))
+    assert all(r.ok and r.output_tokens == 3 for r in result.results)
+    assert result.summary().output_tokens == 24 and result.wall_s > 0
+
+
+def test_bench_run_reports_failures_when_the_server_refuses(stub, capsys):
+    code = cli.main(["bench", "run", "--url", stub.url, "--model", "no-such-model", "--workload", "text",
+                     "--requests", "2", "--output-len", "2", "--warmup", "0", "--quiet", "--json"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 1
+    assert report["summary"]["failures"] == 2
+    assert report["summary"]["errors"] == {"HTTP 404: no model no-such-model": 2}
+
+
+def test_compare_hf_against_a_server(stub, tmp_path, capsys):
+    model_dir = make_tiny_model("kimi_k25", "tiny", tmp_path / "kimi", seed=7)
+    code = cli.main(["bench", "compare", "--model", str(model_dir), "--workload", "image-1", "--requests", "2",
+                     "--output-len", "4", "--runs", "1", "--skip", "colocated,cluster", "--against", stub.url,
+                     "--json", "--quiet"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    label = stub.url.removeprefix("http://")
+    table = "\n".join(out[:-1])
+    assert table.splitlines()[1].split() == ["hf", label]
+    ratio_row = next(line for line in table.splitlines() if line.startswith("tok/s ÷ hf"))
+    assert ratio_row.split()[-2] == "1.00"
+    report = json.loads(out[-1])
+    hf, server = report["columns"]
+    assert (hf["label"], server["label"]) == ("hf", label)
+    assert hf["median"]["output_tokens"] == 8 == server["median"]["output_tokens"]  # min_new_tokens = ignore_eos
+    assert hf["median"]["failures"] == 0 and hf["median"]["ttft_p50_ms"] > 0
+    assert report["ratios"]["output_tok_per_s / hf"]["hf"] == 1.0
+    assert report["ratios"]["output_tok_per_s / colocated"] is None

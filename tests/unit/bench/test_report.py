@@ -1,0 +1,69 @@
+"""The comparison table and run report: columns, ratio rows, unavailable configurations."""
+
+from epd.bench.compare import CompareConfig, CompareResult, ConfigResult
+from epd.bench.load import LoadConfig, LoadResult
+from epd.bench.report import fmt, format_compare, format_run, run_json
+from epd.bench.results import RequestResult
+from epd.bench.stats import Slo, summarize
+from epd.bench.workloads import WorkloadSpec
+
+
+def column(label: str, tokens_per_request: list[int], wall_s: float) -> ConfigResult:
+    runs = [[RequestResult(i, True, 0.0, 0.1, 0.5, (0.1,) * (n - 1), n) for i, n in enumerate(tokens_per_request)]]
+    return ConfigResult(label, f"{label} detail", [summarize(r, wall_s) for r in runs], runs)
+
+
+def comparison(*columns: ConfigResult) -> CompareResult:
+    return CompareResult(CompareConfig(model_dir="/m", workload=WorkloadSpec("image-1"), runs=1), list(columns))
+
+
+def test_table_has_a_column_per_configuration_and_ratio_rows():
+    result = comparison(column("hf", [4, 4], 1.0), column("colocated", [4, 4], 0.5), column("cluster", [4, 4], 0.25))
+    table = format_compare(result)
+    header = table.splitlines()[1].split()
+    assert header == ["hf", "colocated", "cluster"]
+    rows = {line.split("  ")[0]: line.split()[-3:] for line in table.splitlines()[2:] if line and line[0] != " "}
+    assert rows["output tok/s"] == ["8", "16", "32"]
+    assert rows["tok/s ÷ hf"] == ["1.00", "2.00", "4.00"]
+    assert rows["tok/s ÷ colocated"] == ["0.50", "1.00", "2.00"]
+    assert rows["failures"] == ["0", "0", "0"]
+
+
+def test_an_unavailable_configuration_is_a_column_of_n_a_with_its_reason():
+    broken = ConfigResult("colocated", "epd serve --colocated", unavailable="unrecognized arguments: --colocated")
+    result = comparison(column("hf", [4], 1.0), broken)
+    table = format_compare(result)
+    assert "n/a" in table
+    assert "colocated unavailable: unrecognized arguments: --colocated" in table
+    assert result.ratios("colocated") is None
+    assert result.ratios("hf") == {"hf": 1.0, "colocated": None}
+    assert result.to_dict()["columns"][1]["median"] is None
+
+
+def test_ratio_rows_only_for_bases_in_the_table():
+    table = format_compare(comparison(column("127.0.0.1:18555", [4], 1.0)))
+    assert "÷" not in table
+
+
+def test_medians_over_runs():
+    runs = [[RequestResult(0, True, 0.0, 0.1, 0.5, (), 4)] for _ in range(3)]
+    col = ConfigResult("x", "", [summarize(r, w) for r, w in zip(runs, (1.0, 2.0, 4.0), strict=True)], runs)
+    assert col.figures["output_tok_per_s"] == 2.0  # of 4, 2, 1
+
+
+def test_run_report_and_json():
+    config = LoadConfig(url="http://h:1", workload=WorkloadSpec("text"), requests=2, output_len=3)
+    results = [RequestResult(0, True, 0.0, 0.1, 0.3, (0.1, 0.1), 3),
+               RequestResult(1, False, 0.0, e2e_s=0.1, status=429, error="HTTP 429: busy")]
+    load = LoadResult(config, "m", results, wall_s=1.0)
+    summary = load.summary(Slo(ttft_ms=500))
+    text = format_run(load, summary)
+    assert "succeeded 1/2" in text and "goodput 1 req/s under ttft_ms <= 500" in text
+    assert "failed x1: HTTP 429: busy" in text
+    data = run_json(load, summary)
+    assert data["summary"]["output_tokens"] == 3 and data["figures"]["failures"] == 1.0
+    assert [r["ok"] for r in data["results"]] == [True, False]
+
+
+def test_fmt():
+    assert [fmt(None), fmt(1234.5), fmt(42.0), fmt(12.34), fmt(1.234)] == ["-", "1234", "42", "12.3", "1.23"]
