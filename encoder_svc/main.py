@@ -12,6 +12,11 @@ ROLE = "encoder"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_worker_arguments(p)
+    add_encoder_arguments(p)
+
+
+def add_encoder_arguments(p: argparse.ArgumentParser) -> None:
+    """The encoder's own flags (also taken by the colocated worker)."""
     p.add_argument("--max-batch-images", type=int, default=env_default("max_batch_images", 8))
     p.add_argument("--batch-wait-ms", type=float, default=env_default("batch_wait_ms", 5.0))
     p.add_argument("--cache-mb", type=int, default=env_default("encoder_cache_mb", 512),
@@ -21,15 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
-    from encoder_svc.config import EncoderConfig
     from epd.models.errors import ModelLoadError
     from epd.models.processor_files import require_image_processor_config
 
     try:
         options = worker_options(args)
-        config = EncoderConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
-                               max_batch_images=args.max_batch_images, batch_wait_ms=args.batch_wait_ms,
-                               cache_bytes=args.cache_mb << 20, lease_ttl_s=args.lease_ttl_s)
+        config = encoder_config(args)
         # Checked before importing torch/transformers (seconds), so a broken deployment fails at once.
         require_image_processor_config(config.model_dir)
         from epd.engine.encode import ImageEncoder
@@ -41,6 +43,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd encoder: {exc}", file=sys.stderr)
         return 1
     return _serve(encoder, config, options)
+
+
+def encoder_config(args: argparse.Namespace):
+    from encoder_svc.config import EncoderConfig
+
+    return EncoderConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
+                         max_batch_images=args.max_batch_images, batch_wait_ms=args.batch_wait_ms,
+                         cache_bytes=args.cache_mb << 20, lease_ttl_s=args.lease_ttl_s)
 
 
 def _serve(encoder, config, options) -> int:

@@ -18,6 +18,7 @@ SERVICE_MODULES = {
     "encoder": ("encoder_svc.main", "run an encoder worker: image processor + vision tower, gRPC Encode"),
     "prefill": ("prefill_svc.main", "run a prefill worker: language model over the prompt, KV handed off"),
     "decode": ("decode_svc.main", "run a decode worker: imports KV, streams tokens"),
+    "colocated": ("colocated_svc.main", "run encoder, prefill and decode in one process on one engine (baseline)"),
     "router": ("router.main", "run the router: OpenAI-compatible HTTP gateway + gRPC Router API"),
 }
 
@@ -123,6 +124,13 @@ def _add_serve(commands) -> None:
     p.add_argument("--transfer", choices=("grpc", "shm"), default="grpc")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="let image URLs reach this (loopback/private) host; repeatable")
+    p.add_argument("--colocated", action="store_true",
+                   help="one worker doing encode, prefill and decode on one engine (the baseline)")
+    p.add_argument("--cpu-affinity", metavar="auto|ROLE=CPUS,...",
+                   help="pin processes to CPUs: auto gives decode workers cores of their own; "
+                        "or e.g. decode=1,encoder=0,prefill=0,router=0 (CPUS like 2-3 or 0+2)")
+    for flag in ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk"):
+        p.add_argument(flag, type=int, help="passed to every prefill / decode / colocated worker")
     p.add_argument("--start-timeout-s", type=float, default=300.0)
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(run=_run_serve)
@@ -137,11 +145,23 @@ def _run_serve(args) -> int:
                                grpc_port=args.grpc_port,
                                encoders=args.encoders, prefills=args.prefills, decodes=args.decodes,
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
-                               start_timeout_s=args.start_timeout_s, log_level=args.log_level)
+                               start_timeout_s=args.start_timeout_s, log_level=args.log_level,
+                               colocated=args.colocated, cpu_affinity=args.cpu_affinity,
+                               engine_args=_engine_args(args))
     except ValueError as exc:
         print(f"epd serve: {exc}", file=sys.stderr)
         return 2
     return serve(options)
+
+
+def _engine_args(args) -> tuple[str, ...]:
+    """The engine flags given to `epd serve`, as worker command-line arguments."""
+    passed = []
+    for name in ("kv_cache_mb", "kv_blocks", "max_running", "max_batched_tokens", "max_prefill_chunk"):
+        value = getattr(args, name)
+        if value is not None:
+            passed += [f"--{name.replace('_', '-')}", str(value)]
+    return tuple(passed)
 
 
 def _add_bench(commands) -> None:

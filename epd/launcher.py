@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from epd.cpu_affinity import plan_affinity
+
 
 @dataclass(frozen=True)
 class ServeOptions:
@@ -37,6 +39,9 @@ class ServeOptions:
     allow_url_hosts: tuple[str, ...] = ()
     start_timeout_s: float = 300.0
     log_level: str = "WARNING"
+    colocated: bool = False  # one worker doing encode, prefill and decode on one engine
+    cpu_affinity: str | None = None  # "auto" or "ROLE=CPUS,..." (see epd.cpu_affinity)
+    engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
 
     def __post_init__(self) -> None:
         for name in ("encoders", "prefills", "decodes"):
@@ -44,9 +49,21 @@ class ServeOptions:
                 raise ValueError(f"--{name} must be between 1 and 64, got {getattr(self, name)}")
         if self.transfer not in ("grpc", "shm"):
             raise ValueError(f"--transfer must be grpc or shm, got {self.transfer!r}")
+        if self.cpu_affinity is not None:
+            plan_affinity(self.cpu_affinity, self.processes(), available_cpus())  # fails early on a bad spec
+
+    def processes(self) -> list[tuple[str, str]]:
+        """(name, role) of every process to start, workers first, in start order."""
+        counts = (("colocated", 1),) if self.colocated else (
+            ("encoder", self.encoders), ("prefill", self.prefills), ("decode", self.decodes))
+        return [(f"{role}-{i}", role) for role, n in counts for i in range(n)] + [("router", "router")]
 
 
-def child_environment(parent: Mapping[str, str]) -> dict[str, str]:
+def available_cpus() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = None) -> dict[str, str]:
     """The children's environment: the launcher's, plus passive OpenMP waiting unless the user chose.
 
     Every process here shares one machine's cores. By default OpenMP threads spin for a while after
@@ -56,7 +73,12 @@ def child_environment(parent: Mapping[str, str]) -> dict[str, str]:
     """
     env = dict(parent)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if cpus:  # a pinned process runs one compute thread per CPU it has, not per CPU of the machine
+        env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
     return env
+
+
+ENGINE_ROLES = ("prefill", "decode", "colocated")
 
 
 class StartupFailed(RuntimeError):
@@ -72,10 +94,15 @@ def epd_command() -> list[str]:
     return [sys.executable, found] if found else [sys.executable, "-m", "epd"]
 
 
-def _die_with_parent() -> None:
-    # Not Linux (no libc.so.6): the launcher's own signal handling still stops children.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+def _child_setup(cpus: tuple[int, ...] | None):
+    def setup() -> None:
+        # Not Linux (no libc.so.6): the launcher's own signal handling still stops children.
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+
+    return setup
 
 
 class Cluster:
@@ -84,26 +111,31 @@ class Cluster:
         self.children: list[tuple[str, subprocess.Popen]] = []
         self.stop_requested = False  # set from the signal handler; start() gives up at its next check
         self.run_dir = Path(tempfile.mkdtemp(prefix="epd-serve-"))
+        self.affinity = (plan_affinity(options.cpu_affinity, options.processes(), available_cpus())
+                         if options.cpu_affinity else {})
 
     def start(self) -> str:
         """Start every process; return the router's base URL once the cluster is ready."""
         o = self.options
         workers = []
-        for role, count in (("encoder", o.encoders), ("prefill", o.prefills), ("decode", o.decodes)):
-            for index in range(count):
-                ready = self.run_dir / f"{role}-{index}.json"
-                args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
-                        "--log-level", o.log_level]
-                if role != "decode":
-                    args += ["--transfer", o.transfer]
-                self._spawn(f"{role}-{index}", args)
-                workers.append(ready)
+        for name, role in o.processes()[:-1]:
+            ready = self.run_dir / f"{name}.json"
+            args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
+                    "--log-level", o.log_level]
+            if role != "decode":
+                args += ["--transfer", o.transfer]
+            if role in ENGINE_ROLES:
+                args += list(o.engine_args)
+            self._spawn(name, args)
+            workers.append(ready)
         infos = [self._wait_file(path) for path in workers]
         router_ready = self.run_dir / "router.json"
         args = ["router", "--model", o.model_dir, "--host", o.host, "--port", str(o.port),
                 "--grpc-port", str(o.grpc_port), "--ready-file", str(router_ready), "--log-level", o.log_level]
         for info in infos:
-            args += [f"--{info['role']}", f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"]
+            endpoint = f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"
+            for role in ("encoder", "prefill", "decode") if info["role"] == "colocated" else (info["role"],):
+                args += [f"--{role}", endpoint]
         for host in o.allow_url_hosts:
             args += ["--allow-url-host", host]
         self._spawn("router", args)
@@ -136,8 +168,9 @@ class Cluster:
     def _spawn(self, name: str, args: list[str]) -> None:
         # A session of its own: Ctrl-C in the terminal reaches only the launcher, which then stops
         # the router first and the workers after it, instead of every process racing to exit.
-        proc = subprocess.Popen(epd_command() + args, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_environment(os.environ))
+        cpus = self.affinity.get(name)
+        proc = subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=child_environment(os.environ, cpus))
         self.children.append((name, proc))
 
     def _wait_file(self, path: Path) -> dict:
@@ -183,6 +216,9 @@ def serve(options: ServeOptions) -> int:
         signal.signal(sig, request_stop)
     try:
         url = cluster.start()
+        if cluster.affinity:
+            pins = ", ".join(f"{name}={'+'.join(map(str, cpus))}" for name, cpus in cluster.affinity.items())
+            print(f"epd serve: CPU affinity {pins}", flush=True)
         print(f"EPD cluster ready: {url}/v1 (OpenAI-compatible; gRPC Router at {cluster.grpc_address}); "
               f"Ctrl-C stops it", flush=True)
         while not cluster.stop_requested:

@@ -14,6 +14,11 @@ ROLE = "prefill"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_worker_arguments(p)
     add_engine_arguments(p)
+    add_prefill_arguments(p)
+
+
+def add_prefill_arguments(p: argparse.ArgumentParser) -> None:
+    """The prefill worker's own flags (also taken by the colocated worker)."""
     p.add_argument("--embedding-cache-mb", type=int, default=env_default("prefill_cache_mb", 256))
     p.add_argument("--kv-lease-ttl-s", type=float, default=env_default("kv_lease_ttl_s", 60.0))
 
@@ -21,13 +26,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from epd.models.errors import ModelLoadError
-    from prefill_svc.config import PrefillConfig
 
     try:
         options = worker_options(args, long_calls=args.max_running + args.max_queue)
-        config = PrefillConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
-                               embedding_cache_bytes=args.embedding_cache_mb << 20,
-                               kv_lease_ttl_s=args.kv_lease_ttl_s)
+        config = prefill_config(args)
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_language_model
@@ -38,6 +40,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"epd prefill: {exc}", file=sys.stderr)
         return 1
     return _serve(engine, config, options)
+
+
+def prefill_config(args: argparse.Namespace):
+    from prefill_svc.config import PrefillConfig
+
+    return PrefillConfig(model_dir=model_dir_or_demo(args.model), transfer_backend=args.transfer,
+                         embedding_cache_bytes=args.embedding_cache_mb << 20, kv_lease_ttl_s=args.kv_lease_ttl_s)
 
 
 def _serve(engine, config, options) -> int:

@@ -10,5 +10,5 @@ def test_cli_family_and_size_choices_match_the_generator():
 
 
 def test_every_service_command_is_registered():
-    assert set(cli.SERVICE_MODULES) == {"encoder", "prefill", "decode", "router"}
+    assert set(cli.SERVICE_MODULES) == {"encoder", "prefill", "decode", "colocated", "router"}
 

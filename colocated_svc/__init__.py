@@ -1,0 +1,1 @@
+"""The colocated worker: encoder, prefill and decode in one process over one engine (the baseline)."""
