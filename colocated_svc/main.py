@@ -10,6 +10,7 @@ batches, so a long prefill or a vision forward delays every stream's next token 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from encoder_svc.main import add_encoder_arguments, encoder_config
@@ -38,13 +39,17 @@ def run(args: argparse.Namespace) -> int:
         encoder_cfg, prefill_cfg = encoder_config(args), prefill_config(args)
         decode_cfg = DecodeConfig(model_dir=prefill_cfg.model_dir, max_running=args.max_running)
         require_image_processor_config(encoder_cfg.model_dir)  # before torch: fail in a second
+        from epd.threads import single_threaded
+
+        single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.dtypes import resolve_dtype
         from epd.engine.encode import ImageEncoder
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_encoder, load_language_model
 
-        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir))
-        language = load_language_model(prefill_cfg.model_dir)
+        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir, resolve_dtype(args.dtype)))
+        language = load_language_model(prefill_cfg.model_dir, resolve_dtype(args.dtype))
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd colocated: {exc}", file=sys.stderr)
@@ -67,8 +72,10 @@ def _serve(encoder, engine, encoder_cfg, prefill_cfg, decode_cfg, options) -> in
 
     sender = TransferSender(prefill_cfg.transfer_backend, owner_address="")
     receiver = TransferReceiver(timeout_s=prefill_cfg.pull_timeout_s)
-    loop = EngineLoop(engine)
-    encoding = EncoderService(encoder, sender, encoder_cfg)
+    # Two compute threads (engine, vision batches) share the CPUs: one OpenMP team each, half the CPUs each.
+    share = max(len(os.sched_getaffinity(0)) // 2, 1)
+    loop = EngineLoop(engine, compute_threads=share)
+    encoding = EncoderService(encoder, sender, encoder_cfg, compute_threads=share)
     prefill = PrefillService(loop, receiver, sender, prefill_cfg)
     decode = DecodeService(loop, receiver, decode_cfg)
 

@@ -34,11 +34,15 @@ def run(args: argparse.Namespace) -> int:
         config = encoder_config(args)
         # Checked before importing torch/transformers (seconds), so a broken deployment fails at once.
         require_image_processor_config(config.model_dir)
+        from epd.threads import single_threaded
+
+        single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.dtypes import resolve_dtype
         from epd.engine.encode import ImageEncoder
         from epd.models.loading import load_encoder
 
         # Before any port is bound: without its image processor an encoder must never look alive.
-        encoder = ImageEncoder(load_encoder(config.model_dir))
+        encoder = ImageEncoder(load_encoder(config.model_dir, resolve_dtype(args.dtype)))
     except (ModelLoadError, ValueError) as exc:
         print(f"epd encoder: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ from epd.digest import embedding_key, pixel_digest, processor_fingerprint
 from epd.engine.encode import EncodedImage, ImageEncoder
 from epd.lru import ByteBudgetLRU
 from epd.rpc_errors import InvalidInput
+from epd.threads import set_thread_compute
 from epd.transfer.sender import TransferSender
 
 ROLE = "encoder"
@@ -42,7 +43,8 @@ class LeasedEmbedding:
 
 
 class EncoderService:
-    def __init__(self, encoder: ImageEncoder, sender: TransferSender, config: EncoderConfig) -> None:
+    def __init__(self, encoder: ImageEncoder, sender: TransferSender, config: EncoderConfig,
+                 compute_threads: int | None = None) -> None:
         self.encoder = encoder
         self.sender = sender
         self.config = config
@@ -51,7 +53,9 @@ class EncoderService:
         self.batcher: MicroBatcher[Image.Image, EncodedImage] = MicroBatcher(
             self._encode_batch, max_batch=config.max_batch_images, max_wait_s=config.batch_wait_ms / 1000,
             max_queue=config.max_queue_images, on_batch=metrics.ENCODER_BATCH_SIZE.observe,
-            on_queue_depth=metrics.QUEUE_DEPTH.labels(ROLE).set)
+            on_queue_depth=metrics.QUEUE_DEPTH.labels(ROLE).set,
+            # The batcher thread runs the tower: the process's one OpenMP team (see epd.threads).
+            thread_init=None if compute_threads is None else lambda: set_thread_compute(compute_threads))
         self.batcher.start()
 
     def warm_up(self) -> None:

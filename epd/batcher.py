@@ -69,6 +69,7 @@ class MicroBatcher(Generic[T, R]):
         on_batch: Callable[[int], None] | None = None,
         on_queue_depth: Callable[[int], None] | None = None,
         name: str = "micro-batcher",
+        thread_init: Callable[[], None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -82,6 +83,7 @@ class MicroBatcher(Generic[T, R]):
         self._max_queue = max_queue
         self._on_batch = on_batch
         self._on_queue_depth = on_queue_depth
+        self._thread_init = thread_init  # runs first on the worker thread (e.g. its compute threads)
         self._cond = threading.Condition()
         self._queue: deque[_Pending[T, R]] = deque()
         self._closed = False
@@ -188,6 +190,8 @@ class MicroBatcher(Generic[T, R]):
     # --- worker thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._thread_init is not None:
+            self._thread_init()
         while True:
             batch = self._next_batch()
             if batch is None:

@@ -7,6 +7,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from epd.dtypes import DTYPES
+
 # Spelled out (a unit test keeps them equal to epd.tiny.families): importing that module pulls in
 # transformers and torchvision, ~8 s, which every worker process would pay just to parse flags.
 FAMILY_NAMES = ("kimi_k25", "qwen3_vl_moe")
@@ -124,6 +126,8 @@ def _add_serve(commands) -> None:
     p.add_argument("--transfer", choices=("grpc", "shm"), default="grpc")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="let image URLs reach this (loopback/private) host; repeatable")
+    p.add_argument("--dtype", choices=DTYPES, default="auto",
+                   help="every worker's weights, activations and KV cache (auto: float32 on CPU)")
     p.add_argument("--colocated", action="store_true",
                    help="one worker doing encode, prefill and decode on one engine (the baseline)")
     p.add_argument("--cpu-affinity", metavar="auto|ROLE=CPUS,...",
@@ -147,7 +151,7 @@ def _run_serve(args) -> int:
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
                                start_timeout_s=args.start_timeout_s, log_level=args.log_level,
                                colocated=args.colocated, cpu_affinity=args.cpu_affinity,
-                               engine_args=_engine_args(args))
+                               engine_args=_engine_args(args), dtype=args.dtype)
     except ValueError as exc:
         print(f"epd serve: {exc}", file=sys.stderr)
         return 2

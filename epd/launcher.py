@@ -42,6 +42,7 @@ class ServeOptions:
     colocated: bool = False  # one worker doing encode, prefill and decode on one engine
     cpu_affinity: str | None = None  # "auto" or "ROLE=CPUS,..." (see epd.cpu_affinity)
     engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
+    dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("encoders", "prefills", "decodes"):
@@ -63,16 +64,23 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
-def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = None) -> dict[str, str]:
-    """The children's environment: the launcher's, plus passive OpenMP waiting unless the user chose.
+def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = None,
+                      exclusive: bool = False) -> dict[str, str]:
+    """The children's environment: the launcher's, plus how OpenMP threads wait, unless the user chose.
 
-    Every process here shares one machine's cores. By default OpenMP threads spin for a while after
-    each parallel region, so an idle worker's threads steal the cores of the one doing the forward:
-    on 2 cores that made a 55M-parameter model's cluster requests 1.58x the in-process time; passive
-    waiting brought it to 1.11x (scripts/bench_cluster.py).
+    Processes that share cores wait passively: by default OpenMP threads spin after each parallel
+    region and take the cores another worker's forward needs (on 2 cores that made a 55M-parameter
+    model's cluster requests 1.58x the in-process time; passive waiting brought it to 1.11x). A
+    process pinned to cores of its own (`exclusive`, decode under --cpu-affinity auto) spins
+    briefly instead: a decode step is hundreds of small operations, and sleeping between them
+    doubles it (22 -> 45 ms at batch 16 on the small Kimi checkpoint).
     """
     env = dict(parent)
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
+        if exclusive:
+            env["GOMP_SPINCOUNT"] = "10000"
+        else:
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
     if cpus:  # a pinned process runs one compute thread per CPU it has, not per CPU of the machine
         env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
     return env
@@ -121,7 +129,7 @@ class Cluster:
         for name, role in o.processes()[:-1]:
             ready = self.run_dir / f"{name}.json"
             args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
-                    "--log-level", o.log_level]
+                    "--log-level", o.log_level, "--dtype", o.dtype]
             if role != "decode":
                 args += ["--transfer", o.transfer]
             if role in ENGINE_ROLES:
@@ -170,8 +178,13 @@ class Cluster:
         # the router first and the workers after it, instead of every process racing to exit.
         cpus = self.affinity.get(name)
         proc = subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_environment(os.environ, cpus))
+                                start_new_session=True, env=child_environment(os.environ, cpus, self._exclusive(name)))
         self.children.append((name, proc))
+
+    def _exclusive(self, name: str) -> bool:
+        """Whether `name` is pinned to CPUs that no other process of the cluster may use."""
+        mine = set(self.affinity.get(name, ()))
+        return bool(mine) and all(not mine & set(cpus) for other, cpus in self.affinity.items() if other != name)
 
     def _wait_file(self, path: Path) -> dict:
         deadline = time.monotonic() + self.options.start_timeout_s

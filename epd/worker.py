@@ -23,6 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
+from epd.threads import single_threaded
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
 
     add_services(server, address) registers the role's servicers and returns their full service names.
     """
-    server = grpc.server(ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}"),
+    # Handler threads only move bytes: no OpenMP team of their own (see epd.threads).
+    pool = ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}", initializer=single_threaded)
+    server = grpc.server(pool,
                          interceptors=[ErrorMappingInterceptor(role)], options=GRPC_OPTIONS,
                          maximum_concurrent_rpcs=options.max_concurrent_rpcs)
     port = server.add_insecure_port(f"{options.host}:{options.port}")

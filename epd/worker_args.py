@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from epd.dtypes import DTYPES
 from epd.worker import WorkerOptions
 
 
@@ -28,6 +29,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="write {role, address, metrics_port, pid} here as JSON once ready (for launchers)")
     p.add_argument("--transfer", choices=("grpc", "shm"), default=env_default("transfer", "grpc"),
                    help="how this worker's outputs are pulled: grpc (anywhere) or shm (same host)")
+    p.add_argument("--dtype", choices=DTYPES, default=env_default("dtype", "auto"),
+                   help="weights, activations and KV cache (auto: float32 on CPU; bfloat16 uses AMX where present)")
     p.add_argument("--threads", type=int, default=env_default("threads", 0),
                    help="gRPC handler threads (0: enough for every long call plus a reserve for short ones)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))

@@ -30,11 +30,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = worker_options(args, long_calls=args.max_running + args.max_queue)
         config = prefill_config(args)
+        from epd.threads import single_threaded
+
+        single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.dtypes import resolve_dtype
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_language_model
 
-        language = load_language_model(config.model_dir)
+        language = load_language_model(config.model_dir, resolve_dtype(args.dtype))
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd prefill: {exc}", file=sys.stderr)

@@ -11,6 +11,8 @@ import json
 import shlex
 import sys
 
+from epd.dtypes import DTYPES
+
 WORKLOAD_NAMES = ("text", "image-1", "image-4", "repeat")  # = epd.bench.workloads.WORKLOADS (a test keeps them equal)
 
 
@@ -35,10 +37,23 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     compare.add_argument("--serve-args", default="", help='extra `epd serve` flags for the cluster column, e.g. '
                                                           '"--cpu-affinity auto"')
     compare.add_argument("--colocated-args", default="", help="extra `epd serve --colocated` flags")
+    compare.add_argument("--dtype", choices=DTYPES, default="auto",
+                         help="model dtype of the hf, colocated and cluster columns (auto: float32 on CPU)")
     compare.add_argument("--skip", default="", help="comma-separated columns to leave out: hf,colocated,cluster")
     compare.add_argument("--start-timeout-s", type=float, default=600.0, help="bound on each server's start")
     _add_load_flags(compare)
     compare.set_defaults(bench_run=_compare)
+
+    decode = commands.add_parser("decode", help="the engine's decode step at a fixed batch, in process, beside "
+                                                "the memory-bandwidth bound of the weights it reads")
+    decode.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    decode.add_argument("--batch", type=int, default=32)
+    decode.add_argument("--context", type=int, default=256, help="prompt tokens per sequence")
+    decode.add_argument("--steps", type=int, default=20, help="measured steps (the median is reported)")
+    decode.add_argument("--dtype", choices=DTYPES, default="auto")
+    decode.add_argument("--profile", action="store_true", help="also print where one step's time goes")
+    decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    decode.set_defaults(bench_run=_decode)
 
 
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
@@ -64,6 +79,20 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"epd bench {args.bench_command}: {exc}", file=sys.stderr)
         return 2
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from epd.bench.decode import format_decode, run_decode_bench
+
+    if args.batch < 1 or args.context < 1 or args.steps < 1:
+        raise ValueError("--batch, --context and --steps must be >= 1")
+    result, table = run_decode_bench(args.model, args.batch, args.context, args.steps, args.dtype, args.profile)
+    print(format_decode(result))
+    if table:
+        print(table)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return 0
 
 
 def _common(args: argparse.Namespace) -> dict:
@@ -102,6 +131,7 @@ def _compare(args: argparse.Namespace) -> int:
     config = CompareConfig(
         model_dir=args.model, runs=args.runs, against=tuple(args.against), against_model=args.against_model,
         serve_args=tuple(shlex.split(args.serve_args)), colocated_args=tuple(shlex.split(args.colocated_args)),
+        dtype=args.dtype,
         skip=frozenset(filter(None, (s.strip() for s in args.skip.split(",")))),
         start_timeout_s=args.start_timeout_s, slo=Slo.parse(args.slo) if args.slo else None, **_common(args))
     result = run_compare(config)

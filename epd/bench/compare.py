@@ -41,6 +41,7 @@ class CompareConfig:
     against_model: str | None = None  # None: each server's first GET /v1/models id
     serve_args: tuple[str, ...] = ()  # extra `epd serve` flags for the cluster column
     colocated_args: tuple[str, ...] = ()  # extra flags for the colocated column
+    dtype: str = "auto"  # every built-in column runs the model in this dtype
     skip: frozenset[str] = frozenset()
     start_timeout_s: float = 600.0
     slo: Slo | None = None
@@ -114,9 +115,10 @@ def run_compare(config: CompareConfig) -> CompareResult:
     if "hf" not in config.skip:
         columns.append(run_hf_column(config, plan))
     if "colocated" not in config.skip:
-        columns.append(run_server_column(config, plan, "colocated", ("--colocated", *config.colocated_args)))
+        columns.append(run_server_column(config, plan, "colocated",
+                                         ("--colocated", "--dtype", config.dtype, *config.colocated_args)))
     if "cluster" not in config.skip:
-        columns.append(run_server_column(config, plan, "cluster", config.serve_args))
+        columns.append(run_server_column(config, plan, "cluster", ("--dtype", config.dtype, *config.serve_args)))
     for url in config.against:
         columns.append(run_url_column(config, plan, urlsplit(base_url(url)).netloc or url, url,
                                       config.against_model))
@@ -126,12 +128,12 @@ def run_compare(config: CompareConfig) -> CompareResult:
 def run_hf_column(config: CompareConfig, plan: list[list[BenchRequest]]) -> ConfigResult:
     no_background = "" if config.background is None else " (no background load)"
     column = ConfigResult("hf", f"transformers generate, one request at a time, in process{no_background}: "
-                                f"{config.model_dir}")
+                                f"{config.model_dir} ({config.dtype})")
     _log(config, f"hf: loading {config.model_dir}")
     try:
         from epd.bench.hf_baseline import HfBaseline
 
-        baseline = HfBaseline(config.model_dir)
+        baseline = HfBaseline(config.model_dir, config.dtype)
     except Exception as exc:  # any load failure makes the column unavailable, not the comparison
         column.unavailable = f"{type(exc).__name__}: {exc}"
         return column

@@ -38,13 +38,16 @@ class TokenTimer(BaseStreamer):
 class HfBaseline:
     """A model and processor loaded once; `generate_one` runs a request, `run` a list in order."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, dtype: str = "auto") -> None:
         from transformers import AutoModelForImageTextToText, AutoProcessor
         from transformers.utils import logging as hf_logging
 
+        from epd.dtypes import resolve_dtype
+
         hf_logging.disable_progress_bar()
         self.processor = AutoProcessor.from_pretrained(model_dir)
-        self.model = AutoModelForImageTextToText.from_pretrained(model_dir).eval()
+        self.dtype = resolve_dtype(dtype)
+        self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype).eval()
 
     @torch.inference_mode()
     def generate_one(self, request: BenchRequest, output_len: int) -> RequestResult:
@@ -53,7 +56,7 @@ class HfBaseline:
         try:
             inputs = self.processor.apply_chat_template(
                 request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
-                return_tensors="pt")
+                return_tensors="pt").to(self.dtype)  # casts the pixel values only; ids stay integers
             out = self.model.generate(**inputs, max_new_tokens=output_len, min_new_tokens=output_len,
                                       do_sample=False, streamer=timer)
         except Exception as exc:  # a failed request is a result, as over HTTP

@@ -21,6 +21,7 @@ from epd.engine.paged_cache import NamedTensors
 from epd.engine.scheduler import QueueFull
 from epd.engine.sequence import Finish, Sequence
 from epd.rpc_errors import Overloaded
+from epd.threads import set_thread_compute
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ class _Submit:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, max_inbox: int = 1024, idle_wait_s: float = 0.5) -> None:
+    def __init__(self, engine: Engine, max_inbox: int = 1024, idle_wait_s: float = 0.5,
+                 compute_threads: int | None = None) -> None:
         self.engine = engine
+        self.compute_threads = compute_threads  # None: torch's default for a new thread
         self.max_inbox = max_inbox
         self.idle_wait_s = idle_wait_s
         self._inbox: deque[_Submit | str] = deque()  # submissions, and request ids to abort
@@ -105,6 +108,8 @@ class EngineLoop:
     # --- the loop thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self.compute_threads is not None:
+            set_thread_compute(self.compute_threads)
         while True:
             with self._wake:
                 while not self._inbox and not self.engine.has_work and not self._stop:

@@ -75,7 +75,7 @@ class ModelRunner:
         out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long), position_ids=position_ids,
                          cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
                          logits_to_keep=torch.tensor(batch.keep, dtype=torch.long), epd_layout=layout)
-        return sample_rows(out.logits[0], batch.samplers)  # logits [n_keep, V]
+        return sample_rows(out.logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
 
     def export_prompt(self, seq: Sequence) -> NamedTensors:
         """The blocks holding the prompt's KV (the last one may be partly filled)."""

@@ -10,6 +10,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from PIL import Image
 from transformers import AutoTokenizer, GenerationConfig
 
@@ -42,10 +43,11 @@ class PipelineResult:
 class InProcessPipeline:
     """Loads each role separately (as the services do) and runs requests through one engine."""
 
-    def __init__(self, model_dir: str | Path, engine_config: EngineConfig | None = None) -> None:
+    def __init__(self, model_dir: str | Path, engine_config: EngineConfig | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         self.model_dir = Path(model_dir)
-        self.encoder = ImageEncoder(load_encoder(self.model_dir))
-        language = load_language_model(self.model_dir)
+        self.encoder = ImageEncoder(load_encoder(self.model_dir, dtype))
+        language = load_language_model(self.model_dir, dtype)
         self.image_token_id = int(language.config.image_token_id)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, language.config)

@@ -75,3 +75,19 @@ def test_generate_without_model_uses_a_fresh_demo_cache(tmp_path):
     assert second.returncode == 0, second.stderr
     assert json.loads(second.stdout)["token_ids"] == json.loads(first.stdout)["token_ids"]
     assert len(json.loads(first.stdout)["token_ids"]) == 32
+
+
+def test_bench_decode_reports_a_fraction_of_the_bandwidth_bound(tiny_dirs):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    epd = [sys.executable, str(Path(sys.executable).parent / "epd")]
+    out = subprocess.run([*epd, "bench", "decode", "--model", tiny_dirs["kimi_k25"], "--batch", "4", "--context", "8",
+                          "--steps", "3", "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["batch"] == 4 and figures["tokens_per_s"] > 0 and figures["read_gb_per_s"] > 0.5
+    assert 0 < figures["fraction_of_bound"] and figures["weight_bytes_per_step"] > 0
+    assert "measured / bound" in out.stdout
