@@ -35,7 +35,7 @@ class KvImport:
 
 @dataclass(frozen=True)
 class Step:
-    token: int | None  # None only on a "cancelled" step, which carries no token
+    token: int | None  # None on the admission step (the first) and on a "cancelled" step
     finish_reason: str | None  # "stop" / "length" / "cancelled" on the last step, else None
     completion_tokens: int  # tokens generated so far, the prefill's first one included
 
@@ -75,6 +75,9 @@ class DecodeService:
             seq = self.engine.imported_sequence(request_id, kv.num_tokens, first_token, kv.position_delta,
                                                 params, stop_token_ids)
             needed = self.engine.blocks.blocks_for(seq.max_total_tokens)
+            if needed > self.engine.blocks.num_blocks - 1:
+                raise InvalidInput(f"prompt + max_tokens = {seq.max_total_tokens} tokens need {needed} KV blocks; "
+                                   f"this decode worker holds {self.engine.blocks.num_blocks - 1} in all")
             if needed > self.loop.free_blocks():  # before pulling KV we could not hold
                 raise Overloaded(f"{self.loop.free_blocks()} KV blocks free, the request needs {needed}")
             tensors = self.receiver.fetch(kv.handle, kv.metas, kind="kv",
@@ -85,6 +88,8 @@ class DecodeService:
                 raise InvalidInput(str(exc)) from None
             stream = self.loop.submit(seq, kv=tensors)
             submitted = True
+            stream.wait_admitted(max(deadline - time.monotonic(), 0.0))
+            yield Step(None, None, seq.num_generated)  # admitted: the router may now send the first token
             yield from self._stream(stream, request_id, deadline, is_active)
         finally:
             if submitted and seq.finish is None:  # the caller stopped reading (gone, or an error): free it now

@@ -8,6 +8,7 @@ client as an error. Closing the event stream (client gone, stop string) cancels 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +19,17 @@ import grpc
 from epd.deadlines import deadline_ms_in
 from epd.engine.params import SamplingParams
 from epd.engine.placeholders import expand_placeholders
-from epd.v1 import common_pb2, decode_pb2, decode_pb2_grpc, encoder_pb2, encoder_pb2_grpc, prefill_pb2, prefill_pb2_grpc
+from epd.v1 import (
+    common_pb2,
+    decode_pb2,
+    decode_pb2_grpc,
+    encoder_pb2,
+    encoder_pb2_grpc,
+    prefill_pb2,
+    prefill_pb2_grpc,
+    transfer_pb2,
+    transfer_pb2_grpc,
+)
 from epd.wire.sampling import sampling_to_pb
 from router.policies import NoWorkerAvailable, make_policy
 from router.workers import Worker, WorkerRegistry
@@ -84,10 +95,21 @@ class Orchestrator:
         prefilled = await self._with_retries("prefill", None, len(ids), deadline,
                                              lambda w, t: self._prefill(w, request, t))
         finish = FINISH.get(prefilled.finish_reason)
-        yield TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
-        if finish is None:
-            async for event in self._decode(job, prefilled, deadline):
-                yield event
+        first = TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
+        if finish is not None:
+            yield first
+            return
+        # The first token goes out only once a decode worker has admitted the request: a refusal
+        # (full KV pool) can still go to another worker, or reach the client as a plain 429.
+        try:
+            opened = await self._with_retries("decode", None, 0, deadline,
+                                              lambda w, t: self._open_decode(w, job, prefilled, t))
+        except UpstreamError:
+            await self._release(prefilled.kv.handle)  # nobody will pull it: free it now, not at its TTL
+            raise
+        yield first
+        async for event in self._decode(*opened):
+            yield event
 
     async def _encode(self, job: Job, deadline: float) -> list[common_pb2.EmbeddingRef]:
         request = encoder_pb2.EncodeRequest(request_id=job.request_id, images=[
@@ -109,16 +131,38 @@ class Orchestrator:
         request.deadline_ms = deadline_ms_in(timeout)
         return await prefill_pb2_grpc.PrefillStub(worker.channel).Prefill(request, timeout=timeout)
 
-    async def _decode(self, job: Job, prefilled, deadline: float) -> AsyncIterator[TokenEvent]:
-        worker = self._pick("decode", None)
-        timeout = _left(deadline)
+    async def _open_decode(self, worker: Worker, job: Job, prefilled, timeout: float):
+        """Start the Decode stream and wait for its admission chunk; (worker, call, chunks read ahead)."""
         request = decode_pb2.DecodeRequest(request_id=job.request_id, kv=prefilled.kv,
                                            first_token_id=prefilled.first_token_id,
                                            sampling=sampling_to_pb(job.sampling), deadline_ms=deadline_ms_in(timeout))
         call = decode_pb2_grpc.DecodeStub(worker.channel).Decode(request, timeout=timeout)
+        try:
+            chunk = await call.read()
+        except BaseException:
+            call.cancel()
+            raise
+        if chunk is grpc.aio.EOF:
+            raise UpstreamError(grpc.StatusCode.INTERNAL, f"decode worker {worker.address} ended the stream "
+                                                          "before admitting the request")
+        ahead = [] if not chunk.token_ids and not chunk.finish_reason else [chunk]  # a worker with no admission chunk
+        return worker, call, ahead
+
+    async def _release(self, handle: common_pb2.TransferHandle) -> None:
+        """Best effort: ask the owner to drop a lease now (its TTL frees it if this fails)."""
+        owner = next((w for w in self.registry.workers if w.address == handle.owner_address), None)
+        if owner is None:
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+            await transfer_pb2_grpc.TransferStub(owner.channel).Release(
+                transfer_pb2.ReleaseRequest(handle_id=handle.handle_id), timeout=2.0)
+
+    async def _decode(self, worker: Worker, call, ahead: list) -> AsyncIterator[TokenEvent]:
         worker.outstanding += 1
         try:
-            async for chunk in call:
+            for chunk in ahead:
+                yield TokenEvent(list(chunk.token_ids), FINISH.get(chunk.finish_reason))
+            while (chunk := await call.read()) is not grpc.aio.EOF:  # read(), as for the admission chunk
                 yield TokenEvent(list(chunk.token_ids), FINISH.get(chunk.finish_reason))
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNAVAILABLE:

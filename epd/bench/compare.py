@@ -144,7 +144,8 @@ def run_hf_column(config: CompareConfig, plan: list[list[BenchRequest]]) -> Conf
             progress = Progress(len(requests), quiet=config.quiet, label=f"hf run {r + 1}/{config.runs}")
             results, wall_s = baseline.run(requests, config.output_len, progress.tick)
             progress.close()
-            column.summaries.append(summarize(results, wall_s, config.slo))
+            reuse = {r.index: r.reuse for r in requests if r.reuse is not None}
+            column.summaries.append(summarize(results, wall_s, config.slo, reuse))
             column.results.append(results)
     finally:
         baseline.close()

@@ -79,9 +79,10 @@ class LoadResult:
     results: list[RequestResult]  # measured requests, in request order
     wall_s: float  # first measured send -> last measured completion
     background: list[RequestResult] = field(default_factory=list)  # background requests that finished
+    reuse: dict[int, bool] = field(default_factory=dict)  # `repeat`: request index -> image sent before
 
     def summary(self, slo: Slo | None = None) -> Summary:
-        return summarize(self.results, self.wall_s, slo)
+        return summarize(self.results, self.wall_s, slo, self.reuse)
 
 
 def base_url(url: str) -> str:
@@ -133,7 +134,8 @@ async def run_load_async(config: LoadConfig, requests: list[BenchRequest] | None
             progress.close()
         finally:
             await _stop(background)
-    return LoadResult(config, model, results, wall_s, finished)
+    reuse = {r.index: r.reuse for r in requests if r.reuse is not None}
+    return LoadResult(config, model, results, wall_s, finished, reuse)
 
 
 async def fetch_model_name(client: httpx.AsyncClient, url: str) -> str | None:

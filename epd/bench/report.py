@@ -71,6 +71,12 @@ def format_compare(result: CompareResult) -> str:
                      for col in result.columns]) for title, name in COMPARE_ROWS]
     if c.slo is not None:
         rows.append(("goodput req/s", [fmt((col.figures or {}).get("goodput_req_per_s")) for col in result.columns]))
+    if c.workload.name == "repeat":
+        for title, name in (("TTFT p50 first use (ms)", "ttft_p50_first_use_ms"),
+                            ("TTFT p50 reuse (ms)", "ttft_p50_reuse_ms")):
+            rows.append((title, [fmt((col.figures or {}).get(name)) for col in result.columns]))
+        rows.append(("TTFT reuse ÷ first use", [_ratio((col.figures or {}).get("reuse_ttft_ratio"))
+                                                for col in result.columns]))
     for base in ("hf", "colocated"):
         if result.column(base) is not None:
             ratios = result.ratios(base) or {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from epd.bench.results import RequestResult
@@ -91,6 +91,8 @@ class Summary:
     e2e_ms: Distribution | None
     goodput_req_per_s: float | None = None  # None: no SLO given
     slo: Slo | None = None
+    ttft_first_use_ms: Distribution | None = None  # `repeat`: requests whose image was new (cache misses)
+    ttft_reuse_ms: Distribution | None = None  # `repeat`: requests whose image was sent before (hits)
     errors: dict[str, int] = field(default_factory=dict)  # distinct messages, most common first
 
     def to_dict(self) -> dict:
@@ -107,11 +109,18 @@ class Summary:
             dist: Distribution | None = getattr(self, f"{name}_ms")
             for stat in ("mean", "p50", "p90", "p99"):
                 flat[f"{name}_{stat}_ms"] = None if dist is None else getattr(dist, stat)
+        first, reuse = self.ttft_first_use_ms, self.ttft_reuse_ms
+        flat["ttft_p50_first_use_ms"] = first.p50 if first else None
+        flat["ttft_p50_reuse_ms"] = reuse.p50 if reuse else None
+        flat["reuse_ttft_ratio"] = reuse.p50 / first.p50 if first and reuse and first.p50 else None
         return flat
 
 
-def summarize(results: Sequence[RequestResult], wall_s: float, slo: Slo | None = None) -> Summary:
+def summarize(results: Sequence[RequestResult], wall_s: float, slo: Slo | None = None,
+              reuse: Mapping[int, bool] | None = None) -> Summary:
+    """`reuse`: request index -> whether its image was sent before (the `repeat` workload), to split TTFT."""
     ok = [r for r in results if r.ok]
+    reuse = reuse or {}
     tokens = sum(r.output_tokens for r in ok)
     per_s = (lambda n: n / wall_s) if wall_s > 0 else (lambda n: 0.0)
     errors = Counter(r.error or "unknown error" for r in results if not r.ok)
@@ -124,6 +133,9 @@ def summarize(results: Sequence[RequestResult], wall_s: float, slo: Slo | None =
         e2e_ms=Distribution.of_seconds([r.e2e_s for r in ok if r.e2e_s is not None]),
         goodput_req_per_s=None if slo is None else per_s(sum(slo.met_by(r) for r in results)),
         slo=slo, errors=dict(errors.most_common(5)),
+        ttft_first_use_ms=Distribution.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None
+                                                   and reuse.get(r.index) is False]),
+        ttft_reuse_ms=Distribution.of_seconds([r.ttft_s for r in ok if r.ttft_s is not None and reuse.get(r.index)]),
     )
 
 

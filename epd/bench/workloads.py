@@ -4,7 +4,8 @@ Every request is named by a key `"{seed}/{stream}/{index}"` and everything in it
 `random.Random` seeded by that key, so the HTTP load and the transformers baseline see the same
 requests, and a warm-up or background stream never repeats a measured request's images (an
 embedding cache would otherwise hit and flatter the numbers). Only `repeat` shares images on
-purpose: its requests draw from a small pool whose key does not depend on the stream.
+purpose: the requests of one stream draw from that stream's small pool, and each request knows
+whether it is its image's first use in the stream (a cache miss) or a reuse (a hit).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class BenchRequest:
     index: int
     text: str
     images: tuple[ImageSpec, ...]
+    reuse: bool | None = None  # `repeat` only: an earlier request of the stream sent the same image
 
     def openai_messages(self) -> list[dict]:
         """OpenAI chat messages: image parts (data URLs) first, then the text."""
@@ -84,7 +86,16 @@ class BenchRequest:
 
 def make_requests(spec: WorkloadSpec, count: int, *, seed: int = 0, stream: str = "measured",
                   start: int = 0) -> list[BenchRequest]:
-    return [make_request(spec, index, seed=seed, stream=stream) for index in range(start, start + count)]
+    requests = [make_request(spec, index, seed=seed, stream=stream) for index in range(start, start + count)]
+    if spec.name != "repeat":
+        return requests
+    seen: set[str] = set()
+    marked = []
+    for request in requests:
+        key = request.images[0].key
+        marked.append(BenchRequest(request.index, request.text, request.images, reuse=key in seen))
+        seen.add(key)
+    return marked
 
 
 def make_request(spec: WorkloadSpec, index: int, *, seed: int = 0, stream: str = "measured") -> BenchRequest:
@@ -96,9 +107,9 @@ def make_request(spec: WorkloadSpec, index: int, *, seed: int = 0, stream: str =
         images = (ImageSpec(f"{key}/0", *IMAGE_1_SIZE),)
     elif spec.name == "image-4":
         images = tuple(ImageSpec(f"{key}/{slot}", w, h) for slot, (w, h) in enumerate(IMAGE_4_SIZES))
-    else:  # repeat: the pool's key leaves out the stream and index, so every stream shares it
+    else:  # repeat: the pool's key leaves out the index, so the stream's requests share it
         slot = random.Random(key).randrange(spec.pool_size)
-        images = (ImageSpec(f"{seed}/pool/{slot}", *REPEAT_SIZE),)
+        images = (ImageSpec(f"{seed}/{stream}/pool/{slot}", *REPEAT_SIZE),)
     return BenchRequest(index, text, images)
 
 

@@ -38,10 +38,25 @@ class Stream:
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
+        self.admitted = threading.Event()  # set once the engine took the sequence (queued or running)
         self._items: queue.SimpleQueue[StepOutput | BaseException] = queue.SimpleQueue()
 
     def put(self, item: StepOutput | BaseException) -> None:
         self._items.put(item)
+
+    def wait_admitted(self, timeout_s: float) -> None:
+        """Return once the engine has taken the sequence; raise what refused it, or TimeoutError."""
+        deadline = time.monotonic() + timeout_s
+        while not self.admitted.wait(min(0.05, max(deadline - time.monotonic(), 0.0))):
+            try:
+                item = self._items.get_nowait()
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"{self.seq.request_id} not admitted within {timeout_s:.1f} s") from None
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            self._items.put(item)  # cannot happen before admission; keep it rather than lose it
 
     def get(self, timeout_s: float) -> StepOutput:
         """The next output; raises what the engine reported, or TimeoutError after timeout_s."""
@@ -148,6 +163,7 @@ class EngineLoop:
             item.stream.put(EngineFull(str(exc)) if isinstance(exc, QueueFull) else exc)
             return
         self._streams[seq.request_id] = item.stream
+        item.stream.admitted.set()
 
     def _step(self) -> None:
         started = time.monotonic()

@@ -92,3 +92,15 @@ def test_figures_flatten_every_distribution():
     assert figures["ttft_p50_ms"] == pytest.approx(100.0)
     assert figures["itl_p99_ms"] == pytest.approx(100.0)
     assert figures["failures"] == 0.0
+
+
+def test_ttft_is_split_into_first_uses_and_reuses():
+    from epd.bench.results import RequestResult
+    from epd.bench.stats import summarize
+
+    results = [RequestResult(i, True, 0.0, ttft_s=t, e2e_s=1.0, output_tokens=2) for i, t in
+               enumerate([1.0, 0.2, 0.4, 3.0])]
+    figures = summarize(results, 2.0, reuse={0: False, 1: True, 2: True, 3: False}).figures()
+    assert figures["ttft_p50_first_use_ms"] == 2000.0 and figures["ttft_p50_reuse_ms"] == 300.0
+    assert figures["reuse_ttft_ratio"] == 0.15
+    assert summarize(results, 2.0).figures()["reuse_ttft_ratio"] is None

@@ -52,14 +52,25 @@ def test_warm_up_and_background_streams_never_repeat_a_measured_image():
     assert not measured & others
 
 
-def test_repeat_draws_every_image_from_a_small_shared_pool():
+def test_repeat_draws_every_image_from_a_small_pool_of_its_stream():
     spec = WorkloadSpec("repeat", pool_size=3)
     measured = make_requests(spec, 30)
     used = {pixels(r.images[0]) for r in measured}
     assert len(used) == 3  # 30 draws from 3 images hit all of them
     warmup = {pixels(r.images[0]) for r in make_requests(spec, 10, stream="warmup-measured")}
-    assert warmup <= used  # the pool is the same in every stream: that is what makes caches hit
+    assert not warmup & used  # a warm-up never makes a measured first use a hit
     assert len({r.text for r in measured}) == 30  # the text still varies
+
+
+def test_repeat_marks_first_uses_and_reuses_in_send_order():
+    measured = make_requests(WorkloadSpec("repeat", pool_size=3), 30)
+    first_uses = [r for r in measured if r.reuse is False]
+    assert len(first_uses) == 3 and {r.images[0].key for r in first_uses} == {r.images[0].key for r in measured}
+    seen = set()
+    for r in measured:
+        assert r.reuse == (r.images[0].key in seen)
+        seen.add(r.images[0].key)
+    assert all(r.reuse is None for r in make_requests(WorkloadSpec("image-1"), 3))
 
 
 def test_images_have_structure_not_a_flat_colour():
