@@ -17,6 +17,7 @@ import torch
 from transformers import AutoConfig, AutoImageProcessor, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
+from epd.models import patch_embed
 from epd.models.errors import ModelLoadError
 from epd.models.processor_files import require_image_processor_config
 from epd.models.registry import FamilyAdapter, adapter_for
@@ -58,6 +59,7 @@ def load_encoder(model_dir: str | Path, dtype: torch.dtype | None = None) -> Enc
     config, adapter = load_config(root)
     image_processor = AutoImageProcessor.from_pretrained(root)
     model = _load_role(root, adapter, "encoder", dtype)
+    patch_embed.install(model)
     return EncoderModel(root, config, adapter, image_processor, model)
 
 
