@@ -65,19 +65,20 @@ def available_cpus() -> list[int]:
 
 
 def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = None,
-                      exclusive: bool = False) -> dict[str, str]:
+                      role: str = "") -> dict[str, str]:
     """The children's environment: the launcher's, plus how OpenMP threads wait, unless the user chose.
 
-    Processes that share cores wait passively: by default OpenMP threads spin after each parallel
-    region and take the cores another worker's forward needs (on 2 cores that made a 55M-parameter
-    model's cluster requests 1.58x the in-process time; passive waiting brought it to 1.11x). A
-    process pinned to cores of its own (`exclusive`, decode under --cpu-affinity auto) spins
-    briefly instead: a decode step is hundreds of small operations, and sleeping between them
-    doubles it (22 -> 45 ms at batch 16 on the small Kimi checkpoint).
+    Processes share cores, and by default OpenMP threads spin after each parallel region, taking
+    the cores another worker's forward needs (on 2 cores that made a 55M-parameter model's cluster
+    requests 1.58x the in-process time; passive waiting brought it to 1.11x). So encoders and
+    prefill workers, whose forwards are a few large operations, wait passively. Decode steps are
+    hundreds of small operations, where sleeping threads double the step: decode (and colocated)
+    threads spin briefly instead, and the engine runs small steps on one thread whenever other
+    processes are busy (epd.threads.StepThreads), so the spinning never competes with them.
     """
     env = dict(parent)
     if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
-        if exclusive:
+        if role in ("decode", "colocated"):
             env["GOMP_SPINCOUNT"] = "10000"
         else:
             env["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -178,13 +179,8 @@ class Cluster:
         # the router first and the workers after it, instead of every process racing to exit.
         cpus = self.affinity.get(name)
         proc = subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_environment(os.environ, cpus, self._exclusive(name)))
+                                start_new_session=True, env=child_environment(os.environ, cpus, name.rsplit("-", 1)[0]))
         self.children.append((name, proc))
-
-    def _exclusive(self, name: str) -> bool:
-        """Whether `name` is pinned to CPUs that no other process of the cluster may use."""
-        mine = set(self.affinity.get(name, ()))
-        return bool(mine) and all(not mine & set(cpus) for other, cpus in self.affinity.items() if other != name)
 
     def _wait_file(self, path: Path) -> dict:
         deadline = time.monotonic() + self.options.start_timeout_s

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +51,83 @@ def set_thread_compute(threads: int) -> bool:
 def single_threaded() -> None:
     """For threads that only move bytes (main, gRPC handlers): no OpenMP team of their own."""
     set_thread_compute(1)
+
+
+def threads_sleep_between_regions(env: dict[str, str]) -> bool:
+    """Whether OpenMP threads here sleep after each parallel region (passive waiting)."""
+    return env.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" or env.get("GOMP_SPINCOUNT") == "0"
+
+
+def busy_cores_of_others(before: tuple[int, int, int], after: tuple[int, int, int], cpus: int) -> float:
+    """Cores the rest of the machine kept busy between two samples of (busy ticks of every CPU, all
+    ticks of every CPU, this process's ticks); pure, for `HostLoad` and its tests."""
+    busy, total, own = (b - a for a, b in zip(before, after, strict=True))
+    if total <= 0:
+        return 0.0
+    return max(busy - own, 0) / total * cpus
+
+
+class HostLoad:
+    """How busy the other processes on this machine are, from /proc (sampled at most every `period_s`).
+
+    Our own ticks are taken out, so a step that spins on every core does not look like contention.
+    """
+
+    def __init__(self, period_s: float = 0.25, clock=None) -> None:
+        import os
+        import time
+
+        self.period_s = period_s
+        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self._clock = clock or time.monotonic
+        self._last = self._sample()
+        self._at = self._clock()
+        self.others = 0.0  # busy cores of other processes over the last period
+
+    def update(self) -> float:
+        now = self._clock()
+        if now - self._at >= self.period_s:
+            sample = self._sample()
+            if sample is not None and self._last is not None:
+                self.others = busy_cores_of_others(self._last, sample, self.cpus)
+            self._last, self._at = sample, now
+        return self.others
+
+    @staticmethod
+    def _sample() -> tuple[int, int, int] | None:
+        try:
+            with open("/proc/stat") as stat:
+                fields = [int(x) for x in stat.readline().split()[1:]]
+            with open("/proc/self/stat") as own:
+                mine = own.read().rsplit(")", 1)[1].split()
+        except (OSError, ValueError, IndexError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields), int(mine[11]) + int(mine[12])  # utime + stime
+
+
+@dataclass
+class StepThreads:
+    """OpenMP threads for one engine step, by the tokens it computes and who else wants the cores.
+
+    Large steps (prefill chunks: a few big matrix products) use every thread. A small step (decodes:
+    hundreds of small operations) gains from more threads only if they spin between operations;
+    threads that sleep cost more to wake than they add (on 2 CPUs a batch-16 decode step took
+    51 ms on two sleeping threads, 40 ms on one, 27 ms on two spinning ones). And spinning threads
+    take cores other workers need. So small steps run on one thread where threads sleep, or while
+    other processes keep more than `busy_threshold` cores busy; otherwise on all of them.
+    """
+
+    threads: int
+    passive: bool
+    load: HostLoad | None = None
+    small_step_tokens: int = 128
+    busy_threshold: float = 0.3
+
+    def __call__(self, num_tokens: int) -> int:
+        if num_tokens >= self.small_step_tokens:
+            return self.threads
+        if self.passive or self.threads == 1:
+            return 1
+        contended = self.load is not None and self.load.update() > self.busy_threshold
+        return 1 if contended else self.threads

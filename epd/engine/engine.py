@@ -9,7 +9,7 @@ sequences from prompt to last token. Not thread-safe: `EngineLoop` owns it on on
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -27,6 +27,7 @@ from epd.engine.sampling import Sampler
 from epd.engine.scheduler import Scheduler, SchedulerConfig
 from epd.engine.sequence import Finish, ImageSpan, Sequence, stop_ids
 from epd.models.loading import LanguageModel
+from epd.threads import set_thread_compute
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(language, self.cache)
+        self.step_threads: Callable[[int], int] | None = None  # OpenMP threads per step, by its tokens
         self._preemptions_seen = 0
         metrics.KV_BLOCKS_TOTAL.labels(role).set(num_blocks - 1)
         log.info("%s engine: %d KV blocks of %d tokens (%.1f MiB)", role, num_blocks - 1, config.block_size,
@@ -146,6 +148,8 @@ class Engine:
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
+        if self.step_threads is not None:
+            set_thread_compute(self.step_threads(out.num_tokens))
         sampled = self.runner.execute(out.scheduled)
         outputs = []
         for seq, token, finish in self.scheduler.update(out, sampled):

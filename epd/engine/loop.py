@@ -9,11 +9,14 @@ that raises fails only the sequences it held (each stream gets the error) and th
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+
+import torch
 
 from epd import metrics
 from epd.engine.engine import Engine, StepOutput
@@ -21,7 +24,7 @@ from epd.engine.paged_cache import NamedTensors
 from epd.engine.scheduler import QueueFull
 from epd.engine.sequence import Finish, Sequence
 from epd.rpc_errors import Overloaded
-from epd.threads import set_thread_compute
+from epd.threads import HostLoad, StepThreads, set_thread_compute, threads_sleep_between_regions
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,8 @@ class EngineLoop:
     def _run(self) -> None:
         if self.compute_threads is not None:
             set_thread_compute(self.compute_threads)
+        threads = self.compute_threads or torch.get_num_threads()
+        self.engine.step_threads = StepThreads(threads, threads_sleep_between_regions(dict(os.environ)), HostLoad())
         while True:
             with self._wake:
                 while not self._inbox and not self.engine.has_work and not self._stop:

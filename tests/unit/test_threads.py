@@ -1,0 +1,41 @@
+"""Threads per engine step: by step size, wait policy and what the rest of the machine is doing."""
+
+from __future__ import annotations
+
+from epd.threads import StepThreads, busy_cores_of_others, threads_sleep_between_regions
+
+
+class _Load:
+    def __init__(self, others: float) -> None:
+        self.others = others
+
+    def update(self) -> float:
+        return self.others
+
+
+def test_large_steps_use_every_thread():
+    assert StepThreads(2, passive=True)(512) == 2
+    assert StepThreads(2, passive=False, load=_Load(2.0))(128) == 2
+
+
+def test_small_steps_run_on_one_thread_where_threads_sleep():
+    assert StepThreads(2, passive=True)(16) == 1
+
+
+def test_small_steps_spin_on_every_thread_only_while_the_machine_is_otherwise_idle():
+    assert StepThreads(2, passive=False, load=_Load(0.1))(16) == 2
+    assert StepThreads(2, passive=False, load=_Load(0.9))(16) == 1
+    assert StepThreads(1, passive=False, load=_Load(0.0))(16) == 1
+
+
+def test_busy_cores_of_others_leave_our_own_ticks_out():
+    # 200 ticks over 2 CPUs = 1 s; the machine was busy 150 ticks, 100 of them ours.
+    assert busy_cores_of_others((0, 0, 0), (150, 200, 100), cpus=2) == 0.5
+    assert busy_cores_of_others((0, 0, 0), (100, 200, 100), cpus=2) == 0.0
+    assert busy_cores_of_others((5, 5, 5), (5, 5, 5), cpus=2) == 0.0
+
+
+def test_wait_policy_from_the_environment():
+    assert threads_sleep_between_regions({"OMP_WAIT_POLICY": "passive"})
+    assert threads_sleep_between_regions({"GOMP_SPINCOUNT": "0"})
+    assert not threads_sleep_between_regions({"GOMP_SPINCOUNT": "10000"})
