@@ -1,1 +1,1 @@
-"""Decode service: takes over the KV cache and streams tokens (next issue)."""
+"""Decode service: imported KV blocks join the engine's running batch; every stream's tokens from one forward."""

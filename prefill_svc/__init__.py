@@ -1,1 +1,1 @@
-"""Prefill service: runs the prompt through the language model and hands off the KV cache (next issue)."""
+"""Prefill service: prompts through the engine in batches (chunked when long); the KV blocks handed off."""

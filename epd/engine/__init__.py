@@ -1,1 +1,1 @@
-"""The in-process engine: placeholders, positions, sampling and the encode -> prefill -> decode loop."""
+"""The serving engine (sequences, KV blocks, scheduler, paged cache, packed forward) and the in-process path."""

@@ -17,11 +17,11 @@ changes (equal up to float rounding). Installed on the language model's attentio
 from __future__ import annotations
 
 import sys
-import types
 
 import torch
 
 from epd.engine.attention import paged_attention
+from epd.models.rerouting import reroute
 
 
 def _is_mla(module: torch.nn.Module) -> bool:
@@ -31,12 +31,7 @@ def _is_mla(module: torch.nn.Module) -> bool:
 
 def install(model: torch.nn.Module) -> int:
     """Switch every MLA attention module in `model` to the absorbed forward; returns how many."""
-    count = 0
-    for module in model.modules():
-        if _is_mla(module):
-            module.forward = types.MethodType(absorbed_forward, module)
-            count += 1
-    return count
+    return reroute(model, _is_mla, absorbed_forward)
 
 
 def absorbed_forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs):

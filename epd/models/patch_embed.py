@@ -9,10 +9,10 @@ equivalent `linear` (17 of 116 ms per 448x448 image for the small Qwen3-VL tower
 
 from __future__ import annotations
 
-import types
-
 import torch
 import torch.nn.functional as F
+
+from epd.models.rerouting import reroute
 
 
 def _is_patchify(conv: torch.nn.Module) -> bool:
@@ -32,9 +32,4 @@ def _patch_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 def install(model: torch.nn.Module) -> int:
     """Reroute every patchifying convolution in `model`; returns how many."""
-    count = 0
-    for module in model.modules():
-        if _is_patchify(module):
-            module.forward = types.MethodType(_patch_forward, module)
-            count += 1
-    return count
+    return reroute(model, _is_patchify, _patch_forward)

@@ -9,6 +9,7 @@ from functools import cache
 
 import pytest
 from PIL import Image
+from prometheus_client import REGISTRY
 
 from epd.chat import render_prompt
 from epd.engine.engine import EngineConfig
@@ -95,8 +96,11 @@ def test_preempted_sequences_resume_to_the_same_tokens(family, tiny_dirs):
     # Enough blocks for any one request to finish, far from enough for all of them together.
     pipe = _pipeline(tiny_dirs[family], num_blocks=max(needs) + 3, block_size=4)
     assert sum(needs) > max(needs) + 2
+    counted = REGISTRY.get_sample_value("epd_scheduler_preemptions_total", {"role": "in_process"}) or 0.0
     got = _run_staggered(pipe, order=order, every=1)
     assert pipe.engine.scheduler.num_preemptions >= 1, "the pool was large enough: nothing was preempted"
+    assert REGISTRY.get_sample_value("epd_scheduler_preemptions_total", {"role": "in_process"}) == \
+        counted + pipe.engine.scheduler.num_preemptions
     for index in order:
         assert got[index] == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
 
