@@ -9,7 +9,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -40,6 +40,7 @@ class Gateway:
     frontend: Frontend
     limits: RequestLimits
     admission: Admission  # shared by the HTTP and gRPC front ends
+    discovery: list = field(default_factory=list)  # DNS / file sources feeding the registry (router.discovery)
 
 
 def create_app(gateway: Gateway, lifespan=None) -> FastAPI:

@@ -26,6 +26,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for role in ("encoder", "prefill", "decode"):
         p.add_argument(f"--{role}", action="append", default=[], metavar="HOST:PORT[,metrics=URL]",
                        help=f"a {role} worker; repeatable")
+    p.add_argument("--discover-dns", action="append", default=[], metavar="ROLE=NAME:PORT[,metrics_port=P]",
+                   help="workers of ROLE at every address NAME resolves to (re-resolved; e.g. a headless Service)")
+    p.add_argument("--workers-file", metavar="PATH",
+                   help='workers listed in a JSON file {"workers": [{"role", "address", "metrics_url"}]}, re-read '
+                        "when it changes")
+    p.add_argument("--discover-interval-s", type=float, default=5.0, help="how often DNS names are re-resolved")
+    p.add_argument("--dns-server", metavar="HOST:PORT", help="resolve --discover-dns names here, not via resolv.conf")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="let image URLs reach this host even if it is loopback/private; repeatable")
     p.add_argument("--encoder-policy", default="affinity")
@@ -73,6 +80,7 @@ def build_gateway(args: argparse.Namespace):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     image_token_id = int(AutoConfig.from_pretrained(model_dir).image_token_id)
     registry = WorkerRegistry(specs)
+    discovery = discovery_sources(args, registry)
     orchestrator = Orchestrator(registry, image_token_id, encoder_policy=args.encoder_policy,
                                 prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
     frontend = Frontend(tokenizer=tokenizer, http=httpx.AsyncClient(follow_redirects=False),
@@ -80,7 +88,23 @@ def build_gateway(args: argparse.Namespace):
                         max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s)
     limits = RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)
     admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
-    return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission)
+    return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission,
+                   discovery)
+
+
+def discovery_sources(args: argparse.Namespace, registry) -> list:
+    """The DNS and file discovery the flags ask for (ValueError naming a bad flag)."""
+    from router.discovery import DnsDiscovery, DnsTarget, FileDiscovery
+
+    sources: list = []
+    if args.discover_dns:
+        targets = [DnsTarget.parse(text) for text in args.discover_dns]
+        sources.append(DnsDiscovery(registry, targets, args.discover_interval_s, args.dns_server))
+    if args.workers_file:
+        sources.append(FileDiscovery(registry, args.workers_file))
+    if not sources and not registry.specs:
+        raise ValueError("no workers: give --encoder/--prefill/--decode, --discover-dns or --workers-file")
+    return sources
 
 
 async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
@@ -100,6 +124,13 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     @asynccontextmanager
     async def lifespan(_app):
         await gateway.registry.start()
+        for source in gateway.discovery:  # a first look before serving, then on their own schedule
+            refreshed = source.refresh()
+            if asyncio.iscoroutine(refreshed):
+                await refreshed
+        await gateway.registry.poll_once()
+        tasks = [asyncio.create_task(source.run(), name=f"epd-discovery-{i}")
+                 for i, source in enumerate(gateway.discovery)]
         await grpc_server.start()
         write_ready_file(args.ready_file, {"role": "router", "http_port": http_port, "grpc_port": grpc_port})
         print(f"epd router: serving http://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
@@ -107,6 +138,8 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
         try:
             yield
         finally:
+            for task in tasks:
+                task.cancel()
             await grpc_server.stop(2.0)
             await gateway.registry.close()
             await gateway.frontend.http.aclose()

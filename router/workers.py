@@ -1,8 +1,14 @@
-"""The router's view of its workers: addresses from config, state from the standard gRPC health check.
+"""The router's view of its workers: who they are (from flags, DNS or a file), how they are (from the
+standard gRPC health check).
 
 A worker is routable only while `ready`. One failed check (or a call that found it UNAVAILABLE)
 makes it `unhealthy`; `eject_after` consecutive failures make it `ejected`; a SERVING answer
 re-admits it. Checks are bounded by `check_timeout_s`, so a hung worker costs one timeout, not a hang.
+
+Membership changes at run time: each discovery source (router/discovery.py) reports the complete
+set of workers it sees with `set_members`. A new worker starts `starting` and joins once healthy;
+one that no source reports any more is `draining`: it takes no new request, and leaves (its
+channel closed) once its requests in flight are done.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ class WorkerSpec:
 class Worker:
     spec: WorkerSpec
     channel: grpc.aio.Channel
-    state: str = "starting"  # starting | ready | unhealthy | ejected
+    state: str = "starting"  # starting | ready | unhealthy | ejected | draining
     failures: int = 0
     outstanding: int = 0  # requests in flight on this worker
     outstanding_tokens: int = 0  # prompt tokens in flight (prefill's load measure)
@@ -64,15 +70,16 @@ class Worker:
 class WorkerRegistry:
     def __init__(self, specs: list[WorkerSpec], interval_s: float = 1.0, check_timeout_s: float = 1.0,
                  eject_after: int = 3) -> None:
-        self.specs = specs
+        self.specs = specs  # the static members, from the command line
         self.interval_s = interval_s
         self.check_timeout_s = check_timeout_s
         self.eject_after = eject_after
         self.workers: list[Worker] = []
+        self._members: dict[str, set[WorkerSpec]] = {}  # discovery source -> the workers it reports
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self.workers = [Worker(s, grpc.aio.insecure_channel(s.address, options=GRPC_OPTIONS)) for s in self.specs]
+        self.set_members("static", self.specs)
         await self.poll_once()
         self._task = asyncio.create_task(self._poll_forever(), name="epd-health-poller")
 
@@ -82,6 +89,27 @@ class WorkerRegistry:
         for w in self.workers:
             await w.channel.close()
 
+    def set_members(self, source: str, specs) -> None:
+        """`source` now sees exactly `specs`: add the new workers, drain the ones no source reports."""
+        self._members[source] = set(specs)
+        wanted = set().union(*self._members.values())
+        known = {w.spec: w for w in self.workers}
+        for spec in sorted(wanted - known.keys(), key=lambda s: (s.role, s.address)):
+            log.info("%s %s discovered", spec.role, spec.address)
+            self.workers.append(Worker(spec, grpc.aio.insecure_channel(spec.address, options=GRPC_OPTIONS)))
+        for spec, worker in known.items():
+            if spec not in wanted and worker.state != "draining":
+                log.info("%s %s left discovery: draining", spec.role, spec.address)
+                worker.state = "draining"
+            elif spec in wanted and worker.state == "draining":
+                worker.state = "starting"  # back before it left: health decides again
+
+    async def _drop_drained(self) -> None:
+        for worker in [w for w in self.workers if w.state == "draining" and w.outstanding <= 0]:
+            self.workers.remove(worker)
+            await worker.channel.close()
+            log.info("%s %s drained and removed", worker.role, worker.address)
+
     def ready(self, role: str) -> list[Worker]:
         return [w for w in self.workers if w.role == role and w.state == "ready"]
 
@@ -90,6 +118,8 @@ class WorkerRegistry:
 
     def mark_failed(self, worker: Worker, reason: str) -> None:
         """A call found the worker unreachable: stop routing to it until a health check passes."""
+        if worker.state == "draining":
+            return
         worker.failures += 1
         worker.state = "ejected" if worker.failures >= self.eject_after else "unhealthy"
         worker.last_error = reason
@@ -99,7 +129,8 @@ class WorkerRegistry:
                  "outstanding": w.outstanding, "last_error": w.last_error} for w in self.workers]
 
     async def poll_once(self) -> None:
-        await asyncio.gather(*(self._check(w) for w in self.workers))
+        await self._drop_drained()
+        await asyncio.gather(*(self._check(w) for w in self.workers if w.state != "draining"))
 
     async def _poll_forever(self) -> None:
         while True:
@@ -117,6 +148,8 @@ class WorkerRegistry:
             reason = "" if serving else health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.aio.AioRpcError as exc:
             serving, reason = False, f"{exc.code().name}: {exc.details()}"
+        if worker.state == "draining":  # left discovery while the check ran
+            return
         if serving:
             if worker.state != "ready":
                 log.info("%s %s is ready", worker.role, worker.address)

@@ -115,3 +115,39 @@ def start_cluster(model_dir: str | None, *extra: str, timeout_s: float = 300.0,
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     raise RuntimeError(f"epd serve not ready after {timeout_s} s:\n{''.join(output)}")
+
+
+def worker_states(url: str) -> dict[str, str]:
+    """The router's /workers as address -> state."""
+    import httpx
+
+    return {w["address"]: w["state"] for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]}
+
+
+def until(check, timeout_s: float, what: str) -> float:
+    """Poll `check` every 0.2 s; fail with `what` after `timeout_s`; returns the seconds it took."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, what
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+class Processes:
+    """Single `epd` services started by a test (each with a ready file), all stopped at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp, self.procs = tmp, {}
+
+    def start(self, name: str, *args: str) -> Path:
+        ready = self.tmp / f"{name}.json"
+        ready.unlink(missing_ok=True)
+        self.procs[name] = subprocess.Popen([*EPD, *args, "--ready-file", str(ready)])
+        return ready
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            p.wait(30)

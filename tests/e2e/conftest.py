@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from epd.tiny.writer import make_tiny_model
+from tests.e2e.cluster import Processes
 from tests.model.conftest import reference_generate
 
 QUESTION = "What is in this picture?"
@@ -86,3 +87,11 @@ def image_server() -> str:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """Start single services with `processes.start(name, role, ...)`; all are stopped after the test."""
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop_all()
