@@ -135,6 +135,8 @@ def _add_serve(commands) -> None:
                         "or e.g. decode=1,encoder=0,prefill=0,router=0 (CPUS like 2-3 or 0+2)")
     for flag in ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk"):
         p.add_argument(flag, type=int, help="passed to every prefill / decode / colocated worker")
+    p.add_argument("--otlp-endpoint", metavar="HOST:PORT",
+                   help="every process exports OpenTelemetry traces to this OTLP/gRPC collector")
     p.add_argument("--start-timeout-s", type=float, default=300.0)
     p.add_argument("--log-level", default="WARNING")
     p.set_defaults(run=_run_serve)
@@ -151,7 +153,8 @@ def _run_serve(args) -> int:
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
                                start_timeout_s=args.start_timeout_s, log_level=args.log_level,
                                colocated=args.colocated, cpu_affinity=args.cpu_affinity,
-                               engine_args=_engine_args(args), dtype=args.dtype)
+                               engine_args=_engine_args(args), dtype=args.dtype,
+                               otlp_endpoint=args.otlp_endpoint)
     except ValueError as exc:
         print(f"epd serve: {exc}", file=sys.stderr)
         return 2

@@ -43,6 +43,7 @@ class ServeOptions:
     cpu_affinity: str | None = None  # "auto" or "ROLE=CPUS,..." (see epd.cpu_affinity)
     engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
     dtype: str = "auto"
+    otlp_endpoint: str | None = None  # every process exports its traces here
 
     def __post_init__(self) -> None:
         for name in ("encoders", "prefills", "decodes"):
@@ -130,7 +131,7 @@ class Cluster:
         for name, role in o.processes()[:-1]:
             ready = self.run_dir / f"{name}.json"
             args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
-                    "--log-level", o.log_level, "--dtype", o.dtype]
+                    "--log-level", o.log_level, "--dtype", o.dtype, *self._tracing_args()]
             if role != "decode":
                 args += ["--transfer", o.transfer]
             if role in ENGINE_ROLES:
@@ -147,6 +148,7 @@ class Cluster:
                 args += [f"--{role}", endpoint]
         for host in o.allow_url_hosts:
             args += ["--allow-url-host", host]
+        args += self._tracing_args()
         self._spawn("router", args)
         router = self._wait_file(router_ready)
         url = f"http://{o.host}:{router['http_port']}"
@@ -167,6 +169,9 @@ class Cluster:
                 proc.kill()
                 proc.wait(5)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def _tracing_args(self) -> list[str]:
+        return ["--otlp-endpoint", self.options.otlp_endpoint] if self.options.otlp_endpoint else []
 
     def dead_child(self) -> tuple[str, int] | None:
         for name, proc in self.children:

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from epd import tracing
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
 from epd.threads import single_threaded
@@ -43,6 +44,7 @@ class WorkerOptions:
     ready_file: str | None = None
     threads: int = 64  # gRPC handler threads
     max_concurrent_rpcs: int = 128  # beyond this, callers get RESOURCE_EXHAUSTED at once
+    otlp_endpoint: str | None = None  # HOST:PORT of an OTLP/gRPC trace collector; None: no tracing
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536 or not 0 <= self.metrics_port < 65536:
@@ -72,8 +74,11 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
     """
     # Handler threads only move bytes: no OpenMP team of their own (see epd.threads).
     pool = ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}", initializer=single_threaded)
+    interceptors = [ErrorMappingInterceptor(role)]
+    if tracing.setup(role, options.otlp_endpoint):
+        interceptors.insert(0, tracing.ServerTracing())  # outermost: the span covers the error mapping
     server = grpc.server(pool,
-                         interceptors=[ErrorMappingInterceptor(role)], options=GRPC_OPTIONS,
+                         interceptors=interceptors, options=GRPC_OPTIONS,
                          maximum_concurrent_rpcs=options.max_concurrent_rpcs)
     port = server.add_insecure_port(f"{options.host}:{options.port}")
     if port == 0:
@@ -140,6 +145,7 @@ def run_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc.S
         worker.server.stop(0)
         for close in closers:
             close()
+        tracing.shutdown()
 
 
 def add_transfer(server: grpc.Server, address: str, sender) -> str:

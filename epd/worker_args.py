@@ -34,6 +34,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=env_default("threads", 0),
                    help="gRPC handler threads (0: enough for every long call plus a reserve for short ones)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
+    p.add_argument("--otlp-endpoint", default=env_default("otlp_endpoint", None), metavar="HOST:PORT",
+                   help="export OpenTelemetry traces to this OTLP/gRPC collector (default: no tracing)")
 
 
 # Threads kept free of long calls (decode streams, prefills waiting on the engine), so that health
@@ -43,9 +45,13 @@ SHORT_CALL_THREADS = 16
 
 def worker_options(args: argparse.Namespace, long_calls: int = 48) -> WorkerOptions:
     """`long_calls`: how many calls the role's own admission lets block at once."""
+    from epd.tracing import check_available
+
+    check_available(args.otlp_endpoint)
     threads = args.threads or long_calls + SHORT_CALL_THREADS
     return WorkerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
-                         ready_file=args.ready_file, threads=threads, max_concurrent_rpcs=threads + 64)
+                         ready_file=args.ready_file, threads=threads, max_concurrent_rpcs=threads + 64,
+                         otlp_endpoint=args.otlp_endpoint)
 
 
 def setup_logging(level: str) -> None:

@@ -45,18 +45,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
     p.add_argument("--ready-file", default=None)
+    p.add_argument("--otlp-endpoint", default=env_default("otlp_endpoint", None), metavar="HOST:PORT",
+                   help="export OpenTelemetry traces to this OTLP/gRPC collector (default: no tracing)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
 
 
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
+    from epd import tracing
+
+    try:
+        tracing.check_available(args.otlp_endpoint)
+    except ValueError as exc:
+        print(f"epd router: {exc}", file=sys.stderr)
+        return 1
+    tracing.setup("router", args.otlp_endpoint)
     try:
         gateway = build_gateway(args)
         sock = socket.create_server((args.host, args.port), reuse_port=False)
     except (OSError, ValueError) as exc:
         print(f"epd router: {exc}", file=sys.stderr)
         return 1
-    return asyncio.run(_serve(args, gateway, sock))
+    try:
+        return asyncio.run(_serve(args, gateway, sock))
+    finally:
+        tracing.shutdown()
 
 
 def build_gateway(args: argparse.Namespace):

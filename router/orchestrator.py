@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from epd import tracing
 from epd.deadlines import deadline_ms_in
 from epd.engine.params import SamplingParams
 from epd.engine.placeholders import expand_placeholders
@@ -81,10 +82,23 @@ class Orchestrator:
                          "decode": make_policy(decode_policy)}
 
     async def run(self, job: Job) -> AsyncIterator[TokenEvent]:
+        span = tracing.request_span("epd.request", request_id=job.request_id, images=len(job.images))
+        try:
+            async for event in self._run(job, span):
+                yield event
+        except GeneratorExit:  # the consumer stopped early (client gone, stop string): not a failure
+            span.end()
+            raise
+        except BaseException as exc:
+            span.end(exc)
+            raise
+        span.end()
+
+    async def _run(self, job: Job, span: tracing.Span) -> AsyncIterator[TokenEvent]:
         deadline = time.monotonic() + job.timeout_s
         ids, starts, embeddings = list(job.prompt_ids), [], []
         if job.images:
-            embeddings = await self._encode(job, deadline)
+            embeddings = await _traced(span.child("encode"), lambda md: self._encode(job, deadline, md))
             try:
                 ids, starts = expand_placeholders(job.prompt_ids, self.image_token_id,
                                                   [e.num_image_tokens for e in embeddings])
@@ -92,8 +106,8 @@ class Orchestrator:
                 raise UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         request = prefill_pb2.PrefillRequest(request_id=job.request_id, token_ids=ids, embeddings=embeddings,
                                              mm_positions=starts, sampling=sampling_to_pb(job.sampling))
-        prefilled = await self._with_retries("prefill", None, len(ids), deadline,
-                                             lambda w, t: self._prefill(w, request, t))
+        prefilled = await _traced(span.child("prefill", prompt_tokens=len(ids)), lambda md: self._with_retries(
+            "prefill", None, len(ids), deadline, lambda w, t: self._prefill(w, request, t, md)))
         finish = FINISH.get(prefilled.finish_reason)
         first = TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
         if finish is not None:
@@ -101,23 +115,31 @@ class Orchestrator:
             return
         # The first token goes out only once a decode worker has admitted the request: a refusal
         # (full KV pool) can still go to another worker, or reach the client as a plain 429.
+        decode = span.child("decode")
         try:
             opened = await self._with_retries("decode", None, 0, deadline,
-                                              lambda w, t: self._open_decode(w, job, prefilled, t))
-        except UpstreamError:
+                                              lambda w, t: self._open_decode(w, job, prefilled, t, decode.metadata))
+        except UpstreamError as exc:
+            decode.end(exc)
             await self._release(prefilled.kv.handle)  # nobody will pull it: free it now, not at its TTL
             raise
-        yield first
-        async for event in self._decode(*opened):
-            yield event
+        try:
+            yield first
+            async for event in self._decode(*opened):
+                yield event
+        except BaseException as exc:
+            decode.end(None if isinstance(exc, GeneratorExit) else exc)
+            raise
+        decode.end()
 
-    async def _encode(self, job: Job, deadline: float) -> list[common_pb2.EmbeddingRef]:
+    async def _encode(self, job: Job, deadline: float, metadata=()) -> list[common_pb2.EmbeddingRef]:
         request = encoder_pb2.EncodeRequest(request_id=job.request_id, images=[
             encoder_pb2.ImageInput(image_digest=im.pixel_digest, data=im.data) for im in job.images])
 
         async def call(worker: Worker, timeout: float):
             request.deadline_ms = deadline_ms_in(timeout)
-            reply = await encoder_pb2_grpc.EncoderStub(worker.channel).Encode(request, timeout=timeout)
+            reply = await encoder_pb2_grpc.EncoderStub(worker.channel).Encode(request, timeout=timeout,
+                                                                              metadata=metadata)
             return list(reply.embeddings)
 
         embeddings = await self._with_retries("encoder", job.images[0].pixel_digest, 0, deadline, call)
@@ -127,16 +149,16 @@ class Orchestrator:
         return embeddings
 
     @staticmethod
-    async def _prefill(worker: Worker, request: prefill_pb2.PrefillRequest, timeout: float):
+    async def _prefill(worker: Worker, request: prefill_pb2.PrefillRequest, timeout: float, metadata=()):
         request.deadline_ms = deadline_ms_in(timeout)
-        return await prefill_pb2_grpc.PrefillStub(worker.channel).Prefill(request, timeout=timeout)
+        return await prefill_pb2_grpc.PrefillStub(worker.channel).Prefill(request, timeout=timeout, metadata=metadata)
 
-    async def _open_decode(self, worker: Worker, job: Job, prefilled, timeout: float):
+    async def _open_decode(self, worker: Worker, job: Job, prefilled, timeout: float, metadata=()):
         """Start the Decode stream and wait for its admission chunk; (worker, call, chunks read ahead)."""
         request = decode_pb2.DecodeRequest(request_id=job.request_id, kv=prefilled.kv,
                                            first_token_id=prefilled.first_token_id,
                                            sampling=sampling_to_pb(job.sampling), deadline_ms=deadline_ms_in(timeout))
-        call = decode_pb2_grpc.DecodeStub(worker.channel).Decode(request, timeout=timeout)
+        call = decode_pb2_grpc.DecodeStub(worker.channel).Decode(request, timeout=timeout, metadata=metadata)
         try:
             chunk = await call.read()
         except BaseException:
@@ -200,6 +222,17 @@ class Orchestrator:
             return self.policies[role].pick(candidates, key)
         except NoWorkerAvailable:
             raise UpstreamError(grpc.StatusCode.UNAVAILABLE, f"no ready {role} worker") from None
+
+
+async def _traced(span: tracing.Span, call: Callable[[tuple], Awaitable]):
+    """Await `call(metadata)` inside `span` (its metadata carries the trace to the worker)."""
+    try:
+        result = await call(span.metadata)
+    except BaseException as exc:
+        span.end(exc)
+        raise
+    span.end()
+    return result
 
 
 def _left(deadline: float) -> float:

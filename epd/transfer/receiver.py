@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import grpc
 import torch
 
+from epd import tracing
 from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
 from epd.transfer.assembly import PullAssembler, allocate, check_bool
 from epd.transfer.channels import ChannelPool
@@ -160,7 +161,7 @@ class TransferReceiver:
         stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
         request = transfer_pb2.PullRequest(handle_id=handle.handle_id, max_chunk_bytes=self._max_chunk_bytes)
         assembler = PullAssembler(metas, nbytes, handle.handle_id, handle.owner_address)
-        stream = stub.Pull(request, timeout=remaining)
+        stream = stub.Pull(request, timeout=remaining, metadata=tracing.current_metadata())
         try:
             for chunk in stream:
                 assembler.add(chunk)
