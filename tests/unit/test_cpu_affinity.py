@@ -80,7 +80,8 @@ def test_long_calls_leave_threads_for_short_ones():
 
     from epd.worker_args import SHORT_CALL_THREADS, worker_options
 
-    args = argparse.Namespace(host="127.0.0.1", port=0, metrics_port=0, ready_file=None, threads=0)
+    args = argparse.Namespace(host="127.0.0.1", port=0, metrics_port=0, ready_file=None, threads=0,
+                              otlp_endpoint=None)
     options = worker_options(args, long_calls=64)
     assert options.threads == 64 + SHORT_CALL_THREADS
     assert options.max_concurrent_rpcs > options.threads  # short calls queue for a thread, never refused
