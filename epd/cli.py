@@ -26,6 +26,12 @@ SERVICE_MODULES = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every `epd` command and its flags (also what scripts/gen_config_reference.py documents)."""
     parser = argparse.ArgumentParser(prog="epd", description="EPD cluster: disaggregated multimodal MoE serving")
     commands = parser.add_subparsers(dest="command", required=True)
     _add_make_tiny_model(commands)
@@ -34,8 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_bench(commands)
     for role, module in SERVICE_MODULES.items():
         _add_service(commands, role, module)
-    args = parser.parse_args(argv)
-    return args.run(args)
+    return parser
 
 
 def _add_make_tiny_model(commands) -> None:
