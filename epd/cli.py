@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(commands)
     _add_serve(commands)
     _add_bench(commands)
+    _add_ray(commands)
     for role, module in SERVICE_MODULES.items():
         _add_service(commands, role, module)
     return parser
@@ -184,6 +185,14 @@ def _add_bench(commands) -> None:
     p = commands.add_parser("bench", help="load generator and comparison for OpenAI-compatible servers")
     add_bench_arguments(p)
     p.set_defaults(run=run)
+
+
+def _add_ray(commands) -> None:
+    # Ray itself is imported only when an `epd ray` command runs (it is the optional `ray` extra).
+    from epd.ray_cluster.cli import add_ray_arguments
+
+    p = commands.add_parser("ray", help="run the cluster on Ray: up, scale, status")
+    add_ray_arguments(p)
 
 
 if __name__ == "__main__":

@@ -96,10 +96,11 @@ def _pump(stream, sink: list[str], echo) -> None:
 
 
 def start_cluster(model_dir: str | None, *extra: str, timeout_s: float = 300.0,
-                  env: dict[str, str] | None = None) -> RunningCluster:
-    """`epd serve [--model DIR] --port 0 ...`; returns once it printed its ready line."""
+                  env: dict[str, str] | None = None, command: tuple[str, ...] = ("serve",)) -> RunningCluster:
+    """`epd serve [--model DIR] --port 0 ...` (or another `command`, e.g. `ray up`); returns once it
+    printed its ready line."""
     model = ["--model", model_dir] if model_dir else []
-    proc = subprocess.Popen([*EPD, "serve", *model, "--port", "0", *extra], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*EPD, *command, *model, "--port", "0", *extra], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, **(env or {})})
     output: list[str] = []
@@ -111,10 +112,10 @@ def start_cluster(model_dir: str | None, *extra: str, timeout_s: float = 300.0,
             if match:
                 return RunningCluster(proc, match.group(1), match.group(2), output)
         if proc.poll() is not None:
-            raise RuntimeError(f"epd serve exited with {proc.returncode}:\n{''.join(output)}")
+            raise RuntimeError(f"epd {' '.join(command)} exited with {proc.returncode}:\n{''.join(output)}")
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
-    raise RuntimeError(f"epd serve not ready after {timeout_s} s:\n{''.join(output)}")
+    raise RuntimeError(f"epd {' '.join(command)} not ready after {timeout_s} s:\n{''.join(output)}")
 
 
 def worker_states(url: str) -> dict[str, str]:

@@ -1,0 +1,72 @@
+"""One `epd` child process inside a Ray actor: start it, wait for its ready file, stop it.
+
+The worker runs as a child (not in the actor's own process) because a worker is a whole program:
+it owns its signal handlers, its OpenMP team and its exit code, exactly as under `epd serve`.
+PR_SET_PDEATHSIG ties the child to the actor: when Ray kills the actor, the child gets SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from epd.launcher import child_environment, epd_command
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError):  # not Linux: Ray still stops the actor, and stop() the child
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+class ChildProcess:
+    def __init__(self, name: str, args: list[str], role: str, run_dir: str | None = None) -> None:
+        """Start `epd ARGS`; `args` must contain `--ready-file {ready}` where {ready} is replaced."""
+        self.name = name
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"epd-ray-{name}-"))
+        self.ready_file = self.run_dir / f"{name}.json"
+        args = [str(self.ready_file) if a == "{ready}" else a for a in args]
+        self.log_path = self.run_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open for the child's whole life
+        self.proc = subprocess.Popen(epd_command() + args, stdin=subprocess.DEVNULL, stdout=self._log,
+                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                     start_new_session=True, env=child_environment(os.environ, None, role))
+
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def log_tail(self, limit: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_bytes()[-limit:].decode(errors="replace")
+        return ""
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        """The ready file's JSON; RuntimeError (with the child's last output) if it exits or times out."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready_file.exists():
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeError(f"{self.name} exited with code {code} before it was ready:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        return json.loads(self.ready_file.read_text())
+
+    def stop(self, timeout_s: float = 10.0) -> int | None:
+        """SIGTERM (a worker finishes the calls it has, bounded), then SIGKILL after `timeout_s`."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        return self.proc.returncode
