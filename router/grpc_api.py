@@ -77,12 +77,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         status, sent = "cancelled", False  # a client that leaves mid-stream is counted as cancelled
         try:
             try:
-                chat = parse_chat_request(request_body(request), limits=g.limits)
+                chat = await g.frontend.offload.run(_parse, request, g.limits)  # base64 of image bytes: CPU work
                 job = await g.frontend.prepare(chat)
             except RequestError as exc:
                 status = "invalid_argument"
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-            scope.events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop)
+                where = f"{exc.param}: " if exc.param else ""
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, where + exc.message)
+            scope.events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop, g.frontend.offload)
             async for item in scope.events:
                 sent = sent or isinstance(item, Delta)
                 yield to_pb(item, chat.return_token_ids)
@@ -95,6 +96,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 code=ERROR_CODES.get(exc.code, common_pb2.ERROR_CODE_INTERNAL), message=exc.message))
         finally:
             await scope.close(status)
+
+
+def _parse(request: router_pb2.GenerateRequest, limits):
+    return parse_chat_request(request_body(request), limits=limits)
 
 
 def to_pb(item: Delta | Final, return_token_ids: bool) -> router_pb2.GenerateResponse:

@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from epd.worker_args import env_default, model_dir_or_demo, setup_logging
+from router.limit_args import add_limit_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,9 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--encoder-policy", default="affinity")
     p.add_argument("--prefill-policy", default="least_outstanding_tokens")
     p.add_argument("--decode-policy", default="least_outstanding")
-    p.add_argument("--max-images", type=int, default=8, help="images per request")
-    p.add_argument("--max-tokens-limit", type=int, default=4096)
-    p.add_argument("--max-prompt-tokens", type=int, default=32768)
+    add_limit_arguments(p)
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
@@ -78,10 +77,12 @@ def build_gateway(args: argparse.Namespace):
 
     from epd import metrics
     from router.admission import Admission
-    from router.chat_request import RequestLimits
     from router.frontend import Frontend
     from router.http_app import Gateway
-    from router.image_source import ImageLimits
+    from router.image_source import allowed_networks
+    from router.limit_args import image_limits, request_limits
+    from router.limits import context_length
+    from router.offload import Offload
     from router.orchestrator import Orchestrator
     from router.workers import WorkerRegistry, WorkerSpec
 
@@ -91,18 +92,22 @@ def build_gateway(args: argparse.Namespace):
     specs = [WorkerSpec.parse(role, text) for role in ("encoder", "prefill", "decode")
              for text in getattr(args, role)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    image_token_id = int(AutoConfig.from_pretrained(model_dir).image_token_id)
+    config = AutoConfig.from_pretrained(model_dir)
+    image_token_id = int(config.image_token_id)
     registry = WorkerRegistry(specs)
     discovery = discovery_sources(args, registry)
     orchestrator = Orchestrator(registry, image_token_id, encoder_policy=args.encoder_policy,
                                 prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
+    allowed_hosts = frozenset(h.lower() for h in args.allow_url_host)
+    allowed_networks(allowed_hosts)  # a malformed CIDR fails at start, not on the first request
     frontend = Frontend(tokenizer=tokenizer, http=httpx.AsyncClient(follow_redirects=False),
-                        image_limits=ImageLimits(), allowed_hosts=frozenset(h.lower() for h in args.allow_url_host),
-                        max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s)
-    limits = RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)
+                        image_limits=image_limits(args), allowed_hosts=allowed_hosts,
+                        max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s,
+                        context_length=context_length(config), offload=Offload(args.cpu_threads))
+    limits = request_limits(args)
     admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
     return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission,
-                   discovery)
+                   discovery, max_body_bytes=args.max_body_bytes)
 
 
 def discovery_sources(args: argparse.Namespace, registry) -> list:
@@ -129,7 +134,9 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     from router.grpc_api import RouterServicer
     from router.http_app import create_app
 
-    grpc_server = grpc.aio.server()
+    # The same ceiling as the HTTP body: images travel as bytes here, as base64 there.
+    size = [("grpc.max_receive_message_length", gateway.max_body_bytes)]
+    grpc_server = grpc.aio.server(options=size)
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(gateway), grpc_server)
     grpc_port = grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}")
     http_port = sock.getsockname()[1]
