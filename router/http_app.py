@@ -183,7 +183,8 @@ async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: Requ
     ids = [] if chat.return_token_ids else None
     status = "cancelled"
     try:
-        yield _data(chunk(rid, name, created, {"role": "assistant", "content": ""}))
+        yield _data(chunk(rid, name, created, {"role": "assistant", "content": ""},
+                          prompt_token_ids=job.prompt_ids if ids is not None else None))
         item = first
         while isinstance(item, Delta):
             yield _data(chunk(rid, name, created, {"content": item.text}, token_ids=item.token_ids if ids is not None
