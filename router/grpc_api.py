@@ -17,6 +17,7 @@ from router.chat_request import parse_chat_request
 from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError
 from router.orchestrator import UpstreamError
+from router.security import grpc_key_matches
 
 ROLE_NAMES = {router_pb2.ROLE_SYSTEM: "system", router_pb2.ROLE_USER: "user", router_pb2.ROLE_ASSISTANT: "assistant"}
 FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
@@ -69,6 +70,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         g = self.gateway
+        if not grpc_key_matches(context.invocation_metadata(), g.api_key):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "incorrect or missing API key: send 'authorization: Bearer <key>' metadata")
         if not g.admission.try_enter():
             metrics.REQUESTS.labels("router", "resource_exhausted").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -26,6 +26,7 @@ from router.frontend import Frontend
 from router.limits import DEFAULT_MAX_BODY_BYTES, parse_json_body, read_body_capped
 from router.openai_format import chunk, completion_body, usage_chunk
 from router.orchestrator import Job, Orchestrator, UpstreamError
+from router.security import ApiKeyMiddleware
 from router.workers import ROLES, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -43,11 +44,14 @@ class Gateway:
     admission: Admission  # shared by the HTTP and gRPC front ends
     discovery: list = field(default_factory=list)  # DNS / file sources feeding the registry (router.discovery)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # also the gRPC Router's receive limit
+    api_key: str | None = None  # None: no key needed (router.security)
 
 
 def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
     app = FastAPI(title="EPD cluster router", lifespan=lifespan)
     app.state.gateway = gateway
+    if gateway.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=gateway.api_key)
 
     @app.exception_handler(RequestError)
     async def _request_error(_, exc: RequestError):

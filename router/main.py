@@ -15,6 +15,7 @@ from pathlib import Path
 
 from epd.worker_args import env_default, model_dir_or_demo, setup_logging
 from router.limit_args import add_limit_arguments
+from router.security import add_security_arguments, check_security_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-policy", default="least_outstanding_tokens")
     p.add_argument("--decode-policy", default="least_outstanding")
     add_limit_arguments(p)
+    add_security_arguments(p)
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     tracing.setup("router", args.otlp_endpoint)
     try:
+        check_security_arguments(args)
         gateway = build_gateway(args)
         sock = socket.create_server((args.host, args.port), reuse_port=False)
     except (OSError, ValueError) as exc:
@@ -107,7 +110,7 @@ def build_gateway(args: argparse.Namespace):
     limits = request_limits(args)
     admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
     return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission,
-                   discovery, max_body_bytes=args.max_body_bytes)
+                   discovery, max_body_bytes=args.max_body_bytes, api_key=args.api_key)
 
 
 def discovery_sources(args: argparse.Namespace, registry) -> list:
@@ -153,7 +156,8 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
                  for i, source in enumerate(gateway.discovery)]
         await grpc_server.start()
         write_ready_file(args.ready_file, {"role": "router", "http_port": http_port, "grpc_port": grpc_port})
-        print(f"epd router: serving http://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
+        scheme = "https" if args.tls_cert else "http"
+        print(f"epd router: serving {scheme}://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
               flush=True)
         try:
             yield
@@ -165,7 +169,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
             await gateway.frontend.http.aclose()
 
     config = uvicorn.Config(create_app(gateway, lifespan), log_level=args.log_level.lower(),
-                            timeout_graceful_shutdown=3)
+                            timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
     await uvicorn.Server(config).serve(sockets=[sock])
     return 0
 
