@@ -13,6 +13,7 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from epd.tls import add_mtls_arguments
 from epd.worker_args import env_default, model_dir_or_demo, setup_logging
 from router.limit_args import add_limit_arguments
 from router.security import add_security_arguments, check_security_arguments
@@ -42,6 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-policy", default="least_outstanding")
     add_limit_arguments(p)
     add_security_arguments(p)
+    add_mtls_arguments(p, with_cert=False)  # the router presents its --tls-cert/--tls-key to workers
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
@@ -63,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     tracing.setup("router", args.otlp_endpoint)
     try:
         check_security_arguments(args)
+        from epd import tls
+
+        tls.configure(tls.from_args(args, cert_alone_ok=True))  # before the registry opens its channels
         gateway = build_gateway(args)
         sock = socket.create_server((args.host, args.port), reuse_port=False)
     except (OSError, ValueError) as exc:
@@ -128,6 +133,17 @@ def discovery_sources(args: argparse.Namespace, registry) -> list:
     return sources
 
 
+def _add_router_port(server, args: argparse.Namespace) -> int:
+    """The gRPC Router API's port: TLS (no client certificate asked) when the gateway has TLS."""
+    address = f"{args.host}:{args.grpc_port}"
+    if not args.tls_cert:
+        return server.add_insecure_port(address)
+    import grpc
+
+    pair = (Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())
+    return server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+
+
 async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     import grpc
     import uvicorn
@@ -141,7 +157,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     size = [("grpc.max_receive_message_length", gateway.max_body_bytes)]
     grpc_server = grpc.aio.server(options=size)
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(gateway), grpc_server)
-    grpc_port = grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}")
+    grpc_port = _add_router_port(grpc_server, args)
     http_port = sock.getsockname()[1]
 
     @asynccontextmanager

@@ -51,17 +51,18 @@ class TestCA:
         self.path = directory / "ca.pem"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(self, name: str, *, client: bool = False) -> Leaf:
+    def leaf(self, name: str) -> Leaf:
+        """A certificate for 127.0.0.1 / localhost, good for serving and for mutual TLS as a client."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
-        usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
         cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(self.name)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=5))
                 .not_valid_after(now + datetime.timedelta(days=1))
                 .add_extension(x509.SubjectAlternativeName([
                     x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                      ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
                 .sign(self.key, hashes.SHA256()))
         leaf = Leaf(self.directory / f"{name}.pem", self.directory / f"{name}.key")
         leaf.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
