@@ -25,6 +25,7 @@ from router.errors import RequestError, error_body, http_status_for
 from router.frontend import Frontend
 from router.limits import DEFAULT_MAX_BODY_BYTES, parse_json_body, read_body_capped
 from router.openai_format import chunk, completion_body, usage_chunk
+from router.openapi_schema import openapi_extra
 from router.orchestrator import Job, Orchestrator, UpstreamError
 from router.security import ApiKeyMiddleware
 from router.workers import ROLES, WorkerRegistry
@@ -68,7 +69,7 @@ def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(exc.status_code, str(exc.detail), kind)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_extra(gateway.limits, gateway.model_name))
     async def chat_completions(request: Request):
         return await _chat(gateway, request)
 
