@@ -183,6 +183,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
             await grpc_server.stop(2.0)
             await gateway.registry.close()
             await gateway.frontend.http.aclose()
+            gateway.frontend.offload.close()
 
     config = uvicorn.Config(create_app(gateway, lifespan), log_level=args.log_level.lower(),
                             timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
