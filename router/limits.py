@@ -67,8 +67,8 @@ def context_length(config) -> int | None:
 def fit_max_tokens(prompt_tokens: int, max_tokens: int, given: bool, context: int | None) -> int:
     """`max_tokens` if prompt + completion fits the context; a defaulted one shrinks to fit.
 
-    Counts the prompt's text tokens (image tokens are known only once an encoder has run, and the
-    workers check the full length).
+    Counts the prompt's text tokens: image tokens are known only once an encoder has run, and the
+    engine stops a sequence at the context either way (finish reason "length").
     """
     if context is None or prompt_tokens + max_tokens <= context:
         return max_tokens

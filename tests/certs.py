@@ -51,16 +51,16 @@ class TestCA:
         self.path = directory / "ca.pem"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(self, name: str) -> Leaf:
-        """A certificate for 127.0.0.1 / localhost, good for serving and for mutual TLS as a client."""
+    def leaf(self, name: str, *, with_ip: bool = True) -> Leaf:
+        """A certificate for localhost (and 127.0.0.1), good for serving and for mutual TLS as a client."""
         key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
         cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(self.name)
                 .public_key(key.public_key()).serial_number(x509.random_serial_number())
                 .not_valid_before(now - datetime.timedelta(minutes=5))
                 .not_valid_after(now + datetime.timedelta(days=1))
-                .add_extension(x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+                .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")] + (
+                    [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))] if with_ip else [])), critical=False)
                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                       ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
                 .sign(self.key, hashes.SHA256()))
