@@ -23,7 +23,7 @@ from router.chat_request import ChatRequest, RequestLimits, parse_chat_request
 from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError, error_body, http_status_for
 from router.frontend import Frontend
-from router.limits import DEFAULT_MAX_BODY_BYTES, parse_json_body, read_body_capped
+from router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, parse_json_body, read_body_capped
 from router.openai_format import chunk, completion_body, usage_chunk
 from router.openapi_schema import openapi_extra
 from router.orchestrator import Job, Orchestrator, UpstreamError
@@ -45,6 +45,7 @@ class Gateway:
     admission: Admission  # shared by the HTTP and gRPC front ends
     discovery: list = field(default_factory=list)  # DNS / file sources feeding the registry (router.discovery)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # also the gRPC Router's receive limit
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     api_key: str | None = None  # None: no key needed (router.security)
 
 
@@ -150,7 +151,8 @@ async def _collect_unless_gone(request: Request, collect, scope: RequestScope, p
 
 
 async def _prepare(gateway: Gateway, request: Request) -> tuple[ChatRequest, Job]:
-    raw = await read_body_capped(request.stream(), request.headers.get("content-length"), gateway.max_body_bytes)
+    raw = await read_body_capped(request.stream(), request.headers.get("content-length"), gateway.max_body_bytes,
+                                 gateway.body_timeout_s)
     chat = await gateway.frontend.offload.run(_parse_body, raw, gateway.limits)
     if chat.model and chat.model != gateway.model_name:
         raise RequestError(f"the model {chat.model!r} does not exist; this server serves {gateway.model_name!r}",

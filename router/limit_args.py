@@ -7,7 +7,7 @@ import argparse
 from epd.worker_args import env_default
 from router.chat_request import RequestLimits
 from router.image_source import DEFAULT_FORMATS, ImageLimits
-from router.limits import DEFAULT_MAX_BODY_BYTES
+from router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES
 
 
 def add_limit_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,6 +15,8 @@ def add_limit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=env_default("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
                    help=f"request body size (HTTP 413 beyond it; also the gRPC Router's receive limit) "
                         f"(default {DEFAULT_MAX_BODY_BYTES // mib} MiB)")
+    p.add_argument("--body-timeout-s", type=float, default=env_default("body_timeout_s", DEFAULT_BODY_TIMEOUT_S),
+                   help="the whole request body must arrive within this (HTTP 408 beyond it)")
     p.add_argument("--max-images", type=int, default=env_default("max_images", 8), help="images per request")
     p.add_argument("--max-image-bytes", type=int, default=env_default("max_image_bytes", ImageLimits.max_bytes),
                    help=f"encoded bytes per image (default {ImageLimits.max_bytes // mib} MiB)")
@@ -48,6 +50,8 @@ def image_limits(args: argparse.Namespace) -> ImageLimits:
 def request_limits(args: argparse.Namespace) -> RequestLimits:
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
+    if not args.body_timeout_s > 0:
+        raise ValueError(f"--body-timeout-s must be > 0, got {args.body_timeout_s}")
     if args.max_prompt_tokens < 1:
         raise ValueError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     return RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)

@@ -6,6 +6,7 @@ Each refusal is a `RequestError` (4xx with an OpenAI error body), never a 500.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -13,10 +14,14 @@ from router.errors import RequestError
 
 # Base64 makes a 20 MB image 26.7 MB; this admits one such image or several ordinary ones.
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+# A client trickling its body holds an admission slot meanwhile; 32 MiB at 10 Mbit/s is 27 s.
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
-async def read_body_capped(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int) -> bytes:
-    """The whole body, refused with 413 as soon as it is known to pass `max_bytes`.
+async def read_body_capped(chunks: AsyncIterator[bytes], content_length: str | None, max_bytes: int,
+                           timeout_s: float = DEFAULT_BODY_TIMEOUT_S) -> bytes:
+    """The whole body, refused with 413 as soon as it is known to pass `max_bytes`, 408 if it takes
+    longer than `timeout_s` to arrive.
 
     A declared Content-Length over the limit is refused before a byte is read; a chunked body is
     counted as it arrives, so at most `max_bytes` plus one chunk is ever held.
@@ -25,11 +30,16 @@ async def read_body_capped(chunks: AsyncIterator[bytes], content_length: str | N
         raise _too_large(int(content_length), max_bytes)
     parts: list[bytes] = []
     total = 0
-    async for chunk in chunks:
-        total += len(chunk)
-        if total > max_bytes:
-            raise _too_large(None, max_bytes)
-        parts.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in chunks:
+                total += len(chunk)
+                if total > max_bytes:
+                    raise _too_large(None, max_bytes)
+                parts.append(chunk)
+    except TimeoutError:
+        raise RequestError(f"the request body did not arrive within {timeout_s:g} s", status=408,
+                           code="request_timeout") from None
     return b"".join(parts)
 
 

@@ -115,7 +115,8 @@ def build_gateway(args: argparse.Namespace):
     limits = request_limits(args)
     admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
     return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission,
-                   discovery, max_body_bytes=args.max_body_bytes, api_key=args.api_key)
+                   discovery, max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
+                   api_key=args.api_key)
 
 
 def discovery_sources(args: argparse.Namespace, registry) -> list:

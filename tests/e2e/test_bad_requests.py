@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import struct
 import threading
+import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,7 +25,7 @@ from tests.e2e.conftest import data_url, openai_messages, pattern_image, png_byt
 
 MIB = 1024 * 1024
 LIMITS = {"EPD_MAX_BODY_BYTES": str(8 * MIB), "EPD_MAX_IMAGE_BYTES": str(11 * MIB // 2),
-          "EPD_MAX_PROMPT_TOKENS": "1024"}
+          "EPD_MAX_PROMPT_TOKENS": "1024", "EPD_BODY_TIMEOUT_S": "2"}
 
 
 class _Counting(BaseHTTPRequestHandler):
@@ -277,6 +279,18 @@ def test_a_body_over_the_limit_is_refused_before_it_is_all_sent(cluster):
             return
     assert reply.status_code == 413
     assert reply.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_body_that_trickles_in_gets_408(cluster):
+    host, port = cluster.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"messages\": ")  # ... and the rest never comes
+        started = time.monotonic()
+        reply = conn.recv(65536).decode(errors="replace")
+    assert reply.startswith("HTTP/1.1 408"), reply[:200]
+    assert "request_timeout" in reply
+    assert time.monotonic() - started < 10
 
 
 def test_grpc_router_takes_what_the_gateway_takes_and_no_more(cluster):

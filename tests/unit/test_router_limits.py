@@ -62,6 +62,17 @@ def test_chunked_body_is_cut_off_once_over_the_limit():
     assert len(consumed) == 3  # stopped at the chunk that passed 25 bytes, not at the end
 
 
+def test_a_body_that_trickles_in_is_cut_off_with_408():
+    async def slow():
+        yield b"{"
+        await asyncio.sleep(10)
+        yield b"}"
+
+    with pytest.raises(RequestError) as info:
+        asyncio.run(read_body_capped(slow(), None, 100, timeout_s=0.2))
+    assert (info.value.status, info.value.code) == (408, "request_timeout")
+
+
 # --- JSON -------------------------------------------------------------------------------------------
 
 
