@@ -96,10 +96,12 @@ def from_args(args: argparse.Namespace, *, cert_alone_ok: bool = False) -> Mutua
 
     `cert_alone_ok`: the router, whose --tls-cert/--tls-key alone mean HTTPS for its clients.
     """
-    if args.tls_ca is None:
-        if not cert_alone_ok and (args.tls_cert is not None or args.tls_key is not None):
+    # Namespaces built by hand (tests, embedders) may not have the flags: that means off.
+    ca, cert, key = (getattr(args, name, None) for name in ("tls_ca", "tls_cert", "tls_key"))
+    if ca is None:
+        if not cert_alone_ok and (cert is not None or key is not None):
             raise ValueError("--tls-cert/--tls-key need --tls-ca (mutual TLS between cluster processes)")
         return None
-    if args.tls_cert is None or args.tls_key is None:
+    if cert is None or key is None:
         raise ValueError("mutual TLS needs all of --tls-ca, --tls-cert and --tls-key")
-    return MutualTls.load(args.tls_ca, args.tls_cert, args.tls_key)
+    return MutualTls.load(ca, cert, key)
