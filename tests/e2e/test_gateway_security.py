@@ -107,12 +107,12 @@ def tls_router(cluster, e2e_dirs, tmp_path_factory):
     procs = Processes(tmp)
     ready = procs.start("router", *args)
     info = wait_for_ready_file(ready, list(procs.procs.values()))
-    yield f"https://127.0.0.1:{info['http_port']}", ca
+    yield f"https://127.0.0.1:{info['http_port']}", ca, f"127.0.0.1:{info['grpc_port']}"
     procs.stop_all()
 
 
 def test_tls_with_the_test_ca(tls_router, e2e_dirs):
-    url, ca = tls_router
+    url, ca, _ = tls_router
     with httpx.Client(verify=ssl.create_default_context(cafile=str(ca.path)), timeout=120) as http:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, http_client=http)
         _ask(client, e2e_dirs["kimi_k25"])
@@ -120,10 +120,24 @@ def test_tls_with_the_test_ca(tls_router, e2e_dirs):
 
 
 def test_tls_refuses_a_client_that_does_not_trust_the_ca(tls_router):
-    url, _ = tls_router
+    url, _, _ = tls_router
     with httpx.Client(timeout=30) as http:  # the system's CAs only
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0, http_client=http)
         with pytest.raises(openai.APIConnectionError):
             client.models.list()
     with pytest.raises(httpx.HTTPError):  # plain HTTP to the TLS port is not served
         httpx.get(url.replace("https://", "http://") + "/health", timeout=10)
+
+
+def test_the_grpc_router_api_serves_tls_too(tls_router):
+    _, ca, address = tls_router
+    ok = router_pb2.GenerateRequest(request_id="t", sampling=common_pb2.SamplingParams(max_tokens=2), messages=[
+        router_pb2.ChatMessage(role=router_pb2.ROLE_USER, content=[router_pb2.ContentPart(text="hi")])])
+    key = (("authorization", f"Bearer {KEY}"),)
+    trusted = grpc.ssl_channel_credentials(root_certificates=ca.path.read_bytes())
+    with grpc.secure_channel(address, trusted) as channel:
+        events = list(router_pb2_grpc.RouterStub(channel).Generate(ok, timeout=60, metadata=key))
+    assert events[-1].WhichOneof("event") == "complete"
+    with grpc.insecure_channel(address) as plain, pytest.raises(grpc.RpcError) as caught:
+        list(router_pb2_grpc.RouterStub(plain).Generate(ok, timeout=10, metadata=key))
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
