@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discover-interval-s", type=float, default=5.0, help="how often DNS names are re-resolved")
     p.add_argument("--dns-server", metavar="HOST:PORT", help="resolve --discover-dns names here, not via resolv.conf")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help="let image URLs reach this host even if it is loopback/private; repeatable")
+                   help="let image URLs reach this host (or network, e.g. 10.0.0.0/8) even if it is loopback/private; "
+                        "repeatable")
     p.add_argument("--encoder-policy", default="affinity")
     p.add_argument("--prefill-policy", default="least_outstanding_tokens")
     p.add_argument("--decode-policy", default="least_outstanding")
