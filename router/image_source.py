@@ -42,6 +42,7 @@ DEFAULT_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF")
 # and Pillow then decides from the bytes, within the allowed formats.
 _UNTYPED = ("", "application/octet-stream", "binary/octet-stream")
 _SHOWN_URL_CHARS = 100
+MAX_URL_CHARS = 8192  # what common servers and proxies accept in a request line
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ async def load_image_bytes(
     if scheme == "data":
         return decode_data_url(url, limits)
     if scheme in _DEFAULT_PORTS:
+        if len(url) > MAX_URL_CHARS:  # parsed on the event loop: keep that cheap
+            raise RequestError(f"the image URL is {len(url)} characters; the limit is {MAX_URL_CHARS}")
         return await _fetch(url, client, limits, allowed_hosts, resolver)
     raise RequestError(
         f"unsupported image URL scheme {scheme[:16]!r}: send a data:image/...;base64,... URL or an http(s) URL"

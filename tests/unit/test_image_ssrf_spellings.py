@@ -65,3 +65,11 @@ def test_malformed_network_entry():
     with pytest.raises(ValueError, match="not a network"):
         allowed_networks(frozenset({"10.0.0.0/99"}))
     assert allowed_networks(frozenset({"images.example", "127.0.0.1"})) == []
+
+
+def test_an_overlong_url_is_refused_before_parsing():
+    from router.image_source import MAX_URL_CHARS
+    from tests.unit.image_source_helpers import refused
+
+    message = refused("http://images.example/" + "a" * MAX_URL_CHARS)
+    assert f"the limit is {MAX_URL_CHARS}" in message
