@@ -80,13 +80,13 @@ def allowed(trap):
               "/empty.png": (200, {"Content-Type": "image/png"}, b""),
               "/truncated.png": (200, {"Content-Type": "image/png"}, png_bytes(pattern_image(1))[:60])}
     server, hits = _serve(routes)
-    yield f"http://127.0.0.1:{server.server_address[1]}"
+    yield f"http://127.0.0.1:{server.server_address[1]}", hits
     server.shutdown()
 
 
 @pytest.fixture(scope="module")
 def cluster(e2e_dirs, allowed):
-    running = start_cluster(e2e_dirs["kimi_k25"], "--allow-url-host", allowed.removeprefix("http://"), env=LIMITS)
+    running = start_cluster(e2e_dirs["kimi_k25"], "--allow-url-host", allowed[0].removeprefix("http://"), env=LIMITS)
     yield running
     assert running.stop() == 0
 
@@ -247,7 +247,8 @@ def _ico_bytes() -> bytes:
 
 def test_every_bad_request_is_a_4xx_naming_the_field(cluster, trap, allowed):
     trap_port, trap_hits = trap
-    corpus = _corpus(trap_port, allowed)
+    allowed_url, allowed_hits = allowed
+    corpus = _corpus(trap_port, allowed_url)
     assert len(corpus) >= 60
     failures = []
     with httpx.Client(base_url=cluster.url, timeout=60) as http:
@@ -265,6 +266,8 @@ def test_every_bad_request_is_a_4xx_naming_the_field(cluster, trap, allowed):
                 failures.append(f"{name}: param {error.get('param')!r}, expected {param!r} ({error['message']})")
     assert not failures, "\n".join(failures)
     assert trap_hits == [], "a refused URL was fetched"
+    # The redirects were really followed as far as the allowed server, and stopped there.
+    assert {f"/to-{n}" for n in ("loopback", "localhost", "decimal", "metadata")} <= set(allowed_hits)
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_all_sent(cluster):
