@@ -65,6 +65,9 @@ def available_cpus() -> list[int]:
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
+PER_PROCESS_VARIABLES = ("EPD_PORT", "EPD_METRICS_PORT", "EPD_GRPC_PORT")
+
+
 def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = None,
                       role: str = "") -> dict[str, str]:
     """The children's environment: the launcher's, plus how OpenMP threads wait, unless the user chose.
@@ -77,7 +80,9 @@ def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = 
     threads spin briefly instead, and the engine runs small steps on one thread whenever other
     processes are busy (epd.threads.StepThreads), so the spinning never competes with them.
     """
-    env = dict(parent)
+    # Ports are per process: one EPD_PORT inherited by every child makes all but one fail to bind.
+    # epd serve gives each child its port on the command line (0: a free one) instead.
+    env = {key: value for key, value in parent.items() if key not in PER_PROCESS_VARIABLES}
     if "OMP_WAIT_POLICY" not in env and "GOMP_SPINCOUNT" not in env:
         if role in ("decode", "colocated"):
             env["GOMP_SPINCOUNT"] = "10000"

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from epd import tracing
+from epd import tls, tracing
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
 from epd.threads import single_threaded
@@ -80,7 +80,7 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
     server = grpc.server(pool,
                          interceptors=interceptors, options=GRPC_OPTIONS,
                          maximum_concurrent_rpcs=options.max_concurrent_rpcs)
-    port = server.add_insecure_port(f"{options.host}:{options.port}")
+    port = tls.add_port(server, f"{options.host}:{options.port}")  # mutual TLS when configured (epd.tls)
     if port == 0:
         raise OSError(f"cannot bind {options.host}:{options.port} for the {role} gRPC server")
     address = f"{options.host}:{port}"

@@ -36,6 +36,9 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
     p.add_argument("--otlp-endpoint", default=env_default("otlp_endpoint", None), metavar="HOST:PORT",
                    help="export OpenTelemetry traces to this OTLP/gRPC collector (default: no tracing)")
+    from epd.tls import add_mtls_arguments
+
+    add_mtls_arguments(p)
 
 
 # Threads kept free of long calls (decode streams, prefills waiting on the engine), so that health
@@ -48,6 +51,9 @@ def worker_options(args: argparse.Namespace, long_calls: int = 48) -> WorkerOpti
     from epd.tracing import check_available
 
     check_available(args.otlp_endpoint)
+    from epd import tls
+
+    tls.configure(tls.from_args(args))  # process-wide: this worker's server and its pull channels
     threads = args.threads or long_calls + SHORT_CALL_THREADS
     return WorkerOptions(host=args.host, port=args.port, metrics_port=args.metrics_port,
                          ready_file=args.ready_file, threads=threads, max_concurrent_rpcs=threads + 64,

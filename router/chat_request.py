@@ -67,6 +67,12 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     return_token_ids: bool
+    # Where each image came from (`messages[0].content[1].image_url.url`), so that an image the
+    # router cannot load is refused with `param` naming it.
+    image_params: tuple[str, ...] = ()
+    # False when the client named no max_tokens: the router may then shorten the default to fit
+    # the model's context instead of refusing.
+    max_tokens_given: bool = True
 
 
 def parse_chat_request(body: object, *, limits: RequestLimits) -> ChatRequest:
@@ -74,7 +80,8 @@ def parse_chat_request(body: object, *, limits: RequestLimits) -> ChatRequest:
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}")
     _reject_unsupported(body)
-    messages, image_urls = _parse_messages(body.get("messages"), limits)
+    image_params: list[str] = []
+    messages, image_urls = _parse_messages(body.get("messages"), limits, image_params)
     stream = _optional_bool(body, "stream") or False
     return ChatRequest(
         model=_parse_model(body.get("model")),
@@ -85,13 +92,15 @@ def parse_chat_request(body: object, *, limits: RequestLimits) -> ChatRequest:
         stream=stream,
         include_usage=_parse_stream_options(body.get("stream_options"), stream),
         return_token_ids=_optional_bool(body, "return_token_ids") or False,
+        image_params=tuple(image_params),
+        max_tokens_given=body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None,
     )
 
 
 # --- messages ---------------------------------------------------------------------------------------
 
 
-def _parse_messages(value: Any, limits: RequestLimits) -> tuple[list[dict], list[str]]:
+def _parse_messages(value: Any, limits: RequestLimits, image_params: list[str]) -> tuple[list[dict], list[str]]:
     """Normalized messages and the image URLs in prompt order."""
     if value is None:
         _fail("messages", "'messages' is required")
@@ -102,11 +111,11 @@ def _parse_messages(value: Any, limits: RequestLimits) -> tuple[list[dict], list
     if len(value) > limits.max_messages:
         _fail("messages", f"too many messages: {len(value)}, this server allows at most {limits.max_messages}")
     image_urls: list[str] = []
-    messages = [_parse_message(m, f"messages[{i}]", image_urls, limits) for i, m in enumerate(value)]
+    messages = [_parse_message(m, f"messages[{i}]", (image_urls, image_params), limits) for i, m in enumerate(value)]
     return messages, image_urls
 
 
-def _parse_message(message: Any, where: str, image_urls: list[str], limits: RequestLimits) -> dict:
+def _parse_message(message: Any, where: str, images: tuple[list[str], list[str]], limits: RequestLimits) -> dict:
     if not isinstance(message, dict):
         _fail(where, f"'{where}' must be an object, got {_json_type(message)}")
     role = message.get("role")
@@ -117,12 +126,12 @@ def _parse_message(message: Any, where: str, image_urls: list[str], limits: Requ
         _fail(f"{where}.role", f"role {role!r} is not supported{why}; use 'system', 'user' or 'assistant'")
     if message.get("tool_calls"):
         _fail(f"{where}.tool_calls", "tool calls are not supported by this server")
-    content = _parse_content(message.get("content"), f"{where}.content", role, image_urls, limits)
+    content = _parse_content(message.get("content"), f"{where}.content", role, images, limits)
     return {"role": _ROLES[role], "content": content}
 
 
 def _parse_content(
-    content: Any, where: str, role: str, image_urls: list[str], limits: RequestLimits
+    content: Any, where: str, role: str, images: tuple[list[str], list[str]], limits: RequestLimits
 ) -> str | list[dict]:
     if isinstance(content, str):
         return content
@@ -135,10 +144,10 @@ def _parse_content(
         _fail(where, f"'{where}' must be a string or an array of content parts, got {_json_type(content)}")
     if not content:
         _fail(where, f"'{where}' must not be an empty array")
-    return [_parse_part(part, f"{where}[{j}]", role, image_urls, limits) for j, part in enumerate(content)]
+    return [_parse_part(part, f"{where}[{j}]", role, images, limits) for j, part in enumerate(content)]
 
 
-def _parse_part(part: Any, where: str, role: str, image_urls: list[str], limits: RequestLimits) -> dict:
+def _parse_part(part: Any, where: str, role: str, images: tuple[list[str], list[str]], limits: RequestLimits) -> dict:
     if not isinstance(part, dict):
         _fail(where, f"'{where}' must be an object, got {_json_type(part)}")
     kind = part.get("type")
@@ -150,23 +159,25 @@ def _parse_part(part: Any, where: str, role: str, image_urls: list[str], limits:
     if kind == "image_url":
         if role != "user":
             _fail(where, f"images are only allowed in user messages, not in a {role} message")
-        url = _parse_image_url(part.get("image_url"), f"{where}.image_url")
+        url, url_param = _parse_image_url(part.get("image_url"), f"{where}.image_url")
+        image_urls, image_params = images
         if len(image_urls) >= limits.max_images:
             _fail(where, f"too many images: this server allows at most {limits.max_images} per request")
         image_urls.append(url)
+        image_params.append(url_param)
         return {"type": "image"}
     if not isinstance(kind, str):
         _fail(f"{where}.type", f"'{where}.type' must be a string, got {_json_type(kind)}")
     _fail(f"{where}.type", f"content part type {kind!r} is not supported; use 'text' or 'image_url'")
 
 
-def _parse_image_url(value: Any, where: str) -> str:
-    """The URL of an image part; OpenAI's object form and the bare-string shorthand both work."""
+def _parse_image_url(value: Any, where: str) -> tuple[str, str]:
+    """The URL of an image part and its field; OpenAI's object form and the bare-string shorthand both work."""
     if isinstance(value, dict):
         value, where = value.get("url"), f"{where}.url"
     if not isinstance(value, str) or not value:
         _fail(where, f"'{where}' must be a non-empty string URL, got {_json_type(value)}")
-    return value
+    return value, where
 
 
 # --- sampling and output ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import grpc
 
 from epd import metrics
 from router.detokenizer import IncrementalDetokenizer, StopMatcher
+from router.offload import Offload
 from router.orchestrator import Job, Orchestrator, UpstreamError, aclose_quietly
 
 
@@ -30,8 +31,9 @@ class Final:
     completion_tokens: int
 
 
-async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, stops: tuple[str, ...]
-                            ) -> AsyncIterator[Delta | Final]:
+async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, stops: tuple[str, ...],
+                            offload: Offload | None = None) -> AsyncIterator[Delta | Final]:
+    """`offload`: where detokenization runs (the router's CPU pool; inline when None, in tests)."""
     started = time.monotonic()
     last_sent: float | None = None
     detok = IncrementalDetokenizer(tokenizer)
@@ -42,11 +44,8 @@ async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, sto
         async for event in events:
             prompt_tokens = prompt_tokens or event.prompt_tokens
             completion_tokens += len(event.token_ids)
-            text, stopped = matcher.feed(detok.push(event.token_ids))
-            finish = "stop" if stopped else event.finish_reason
-            if finish is not None and not stopped:
-                tail, _ = matcher.feed(detok.flush())
-                text += tail + matcher.flush()
+            args = (detok, matcher, event.token_ids, event.finish_reason)
+            text, finish = await offload.run(_advance, *args) if offload else _advance(*args)
             if text or event.token_ids:
                 now = time.monotonic()
                 if last_sent is None:
@@ -67,3 +66,18 @@ async def stream_completion(orchestrator: Orchestrator, tokenizer, job: Job, sto
                             else "the token stream ended without a finish reason")
     metrics.E2E.observe(time.monotonic() - started)
     yield Final(finish, prompt_tokens, completion_tokens)
+
+
+def _advance(detok: IncrementalDetokenizer, matcher: StopMatcher, token_ids, finish_reason: str | None
+             ) -> tuple[str, str | None]:
+    """The text new tokens add (cut at a stop string) and the finish reason so far.
+
+    One event's tokens are handled by one call, in order, so the detokenizer's state is never
+    touched by two threads at once.
+    """
+    text, stopped = matcher.feed(detok.push(token_ids))
+    finish = "stop" if stopped else finish_reason
+    if finish is not None and not stopped:
+        tail, _ = matcher.feed(detok.flush())
+        text += tail + matcher.flush()
+    return text, finish

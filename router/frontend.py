@@ -8,8 +8,9 @@ checkpoint's chat template and one placeholder per image.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -17,7 +18,9 @@ from epd.chat import render_prompt
 from epd.digest import pixel_digest
 from router.chat_request import ChatRequest
 from router.errors import RequestError
-from router.image_source import ImageLimits, decode_image, load_image_bytes
+from router.image_source import ImageLimits, decode_data_url, decode_image, load_image_bytes
+from router.limits import fit_max_tokens
+from router.offload import Offload
 from router.orchestrator import ImagePart, Job
 
 
@@ -29,22 +32,41 @@ class Frontend:
     allowed_hosts: frozenset[str]
     max_prompt_tokens: int
     request_timeout_s: float
+    context_length: int | None = None  # the model's, from its config; None: not checked here
+    # Base64, Pillow, the chat template and the tokenizer run here, never on the event loop.
+    offload: Offload = field(default_factory=Offload)
 
     async def prepare(self, request: ChatRequest) -> Job:
-        images = await asyncio.gather(*(self._image(url) for url in request.image_urls))
-        try:
-            prompt_ids = render_prompt(self.tokenizer, request.messages)
-        except Exception as exc:  # jinja errors from an unusual conversation shape
-            raise RequestError(f"the chat template cannot render these messages: {exc}", param="messages") from None
+        params = request.image_params or tuple(f"image[{i}]" for i in range(len(request.image_urls)))
+        loads = (self._image(url, param) for url, param in zip(request.image_urls, params, strict=True))
+        images = await asyncio.gather(*loads)
+        prompt_ids = await self.offload.run(self._render, request.messages)
         if len(prompt_ids) > self.max_prompt_tokens:
             raise RequestError(f"the prompt has {len(prompt_ids)} tokens before images; the limit is "
-                               f"{self.max_prompt_tokens}", param="messages")
+                               f"{self.max_prompt_tokens}", param="messages", code="context_length_exceeded")
+        max_tokens = fit_max_tokens(len(prompt_ids), request.sampling.max_tokens, request.max_tokens_given,
+                                    self.context_length)
+        sampling = dataclasses.replace(request.sampling, max_tokens=max_tokens)
         return Job(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_ids=prompt_ids, images=list(images),
-                   sampling=request.sampling, timeout_s=self.request_timeout_s)
+                   sampling=sampling, timeout_s=self.request_timeout_s)
 
-    async def _image(self, url: str) -> ImagePart:
-        data = await load_image_bytes(url, client=self.http, limits=self.image_limits,
-                                      allowed_hosts=self.allowed_hosts)
-        # Pillow decoding is CPU work: keep it off the event loop.
-        image = await asyncio.to_thread(decode_image, data, self.image_limits)
-        return ImagePart(data=data, pixel_digest=await asyncio.to_thread(pixel_digest, image))
+    def _render(self, messages: list[dict]) -> list[int]:
+        try:
+            return render_prompt(self.tokenizer, messages)
+        except Exception as exc:  # jinja errors from an unusual conversation shape
+            raise RequestError(f"the chat template cannot render these messages: {str(exc)[:200]}",
+                               param="messages") from None
+
+    async def _image(self, url: str, param: str) -> ImagePart:
+        try:
+            if url[:5].lower() == "data:":
+                data = await self.offload.run(decode_data_url, url, self.image_limits)
+            else:
+                data = await load_image_bytes(url, client=self.http, limits=self.image_limits,
+                                              allowed_hosts=self.allowed_hosts)
+            image = await self.offload.run(decode_image, data, self.image_limits)
+            return ImagePart(data=data, pixel_digest=await self.offload.run(pixel_digest, image))
+        except RequestError as exc:
+            if exc.param is None:  # image_source knows the URL, not where the client put it
+                exc.param = param
+            raise

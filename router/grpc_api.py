@@ -17,6 +17,7 @@ from router.chat_request import parse_chat_request
 from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError
 from router.orchestrator import UpstreamError
+from router.security import grpc_key_matches
 
 ROLE_NAMES = {router_pb2.ROLE_SYSTEM: "system", router_pb2.ROLE_USER: "user", router_pb2.ROLE_ASSISTANT: "assistant"}
 FINISH = {"stop": common_pb2.FINISH_REASON_STOP, "length": common_pb2.FINISH_REASON_LENGTH}
@@ -69,6 +70,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
 
     async def Generate(self, request: router_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         g = self.gateway
+        if not grpc_key_matches(context.invocation_metadata(), g.api_key):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "incorrect or missing API key: send 'authorization: Bearer <key>' metadata")
         if not g.admission.try_enter():
             metrics.REQUESTS.labels("router", "resource_exhausted").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -77,12 +81,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         status, sent = "cancelled", False  # a client that leaves mid-stream is counted as cancelled
         try:
             try:
-                chat = parse_chat_request(request_body(request), limits=g.limits)
+                chat = await g.frontend.offload.run(_parse, request, g.limits)  # base64 of image bytes: CPU work
                 job = await g.frontend.prepare(chat)
             except RequestError as exc:
                 status = "invalid_argument"
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
-            scope.events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop)
+                where = f"{exc.param}: " if exc.param else ""
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, where + exc.message)
+            scope.events = stream_completion(g.orchestrator, g.frontend.tokenizer, job, chat.stop, g.frontend.offload)
             async for item in scope.events:
                 sent = sent or isinstance(item, Delta)
                 yield to_pb(item, chat.return_token_ids)
@@ -95,6 +100,10 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 code=ERROR_CODES.get(exc.code, common_pb2.ERROR_CODE_INTERNAL), message=exc.message))
         finally:
             await scope.close(status)
+
+
+def _parse(request: router_pb2.GenerateRequest, limits):
+    return parse_chat_request(request_body(request), limits=limits)
 
 
 def to_pb(item: Delta | Final, return_token_ids: bool) -> router_pb2.GenerateResponse:

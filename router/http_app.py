@@ -23,8 +23,11 @@ from router.chat_request import ChatRequest, RequestLimits, parse_chat_request
 from router.completion import Delta, Final, stream_completion
 from router.errors import RequestError, error_body, http_status_for
 from router.frontend import Frontend
+from router.limits import DEFAULT_BODY_TIMEOUT_S, DEFAULT_MAX_BODY_BYTES, parse_json_body, read_body_capped
 from router.openai_format import chunk, completion_body, usage_chunk
+from router.openapi_schema import openapi_extra
 from router.orchestrator import Job, Orchestrator, UpstreamError
+from router.security import ApiKeyMiddleware
 from router.workers import ROLES, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -41,22 +44,33 @@ class Gateway:
     limits: RequestLimits
     admission: Admission  # shared by the HTTP and gRPC front ends
     discovery: list = field(default_factory=list)  # DNS / file sources feeding the registry (router.discovery)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # also the gRPC Router's receive limit
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    api_key: str | None = None  # None: no key needed (router.security)
 
 
 def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
     app = FastAPI(title="EPD cluster router", lifespan=lifespan)
     app.state.gateway = gateway
+    if gateway.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, api_key=gateway.api_key)
 
     @app.exception_handler(RequestError)
     async def _request_error(_, exc: RequestError):
         return _error(exc.status, exc.message, exc.type, exc.param, exc.code)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_, exc: Exception):
+        # Still the server's fault, but in the shape clients parse, and logged with its traceback.
+        log.exception("unhandled error in a request handler", exc_info=exc)
+        return _error(500, f"internal error: {type(exc).__name__}", "internal_error")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(exc.status_code, str(exc.detail), kind)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=openapi_extra(gateway.limits, gateway.model_name))
     async def chat_completions(request: Request):
         return await _chat(gateway, request)
 
@@ -103,7 +117,8 @@ async def _chat(gateway: Gateway, request: Request):
     scope = RequestScope(gateway.admission, lambda status: metrics.REQUESTS.labels("router", status).inc())
     try:
         chat, job = await _prepare(gateway, request)
-        scope.events = stream_completion(gateway.orchestrator, gateway.frontend.tokenizer, job, chat.stop)
+        scope.events = stream_completion(gateway.orchestrator, gateway.frontend.tokenizer, job, chat.stop,
+                                         gateway.frontend.offload)
         first = await anext(scope.events)  # errors before the first token still get a proper HTTP status
     except RequestError:
         await scope.close("invalid_argument")
@@ -136,15 +151,17 @@ async def _collect_unless_gone(request: Request, collect, scope: RequestScope, p
 
 
 async def _prepare(gateway: Gateway, request: Request) -> tuple[ChatRequest, Job]:
-    try:
-        body = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}") from None
-    chat = parse_chat_request(body, limits=gateway.limits)
+    raw = await read_body_capped(request.stream(), request.headers.get("content-length"), gateway.max_body_bytes,
+                                 gateway.body_timeout_s)
+    chat = await gateway.frontend.offload.run(_parse_body, raw, gateway.limits)
     if chat.model and chat.model != gateway.model_name:
         raise RequestError(f"the model {chat.model!r} does not exist; this server serves {gateway.model_name!r}",
                            status=404, type="not_found_error", param="model", code="model_not_found")
     return chat, await gateway.frontend.prepare(chat)
+
+
+def _parse_body(raw: bytes, limits: RequestLimits) -> ChatRequest:
+    return parse_chat_request(parse_json_body(raw), limits=limits)
 
 
 async def _collect(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: RequestScope) -> JSONResponse:
@@ -173,7 +190,8 @@ async def _sse(gateway: Gateway, chat: ChatRequest, job: Job, first, scope: Requ
     ids = [] if chat.return_token_ids else None
     status = "cancelled"
     try:
-        yield _data(chunk(rid, name, created, {"role": "assistant", "content": ""}))
+        yield _data(chunk(rid, name, created, {"role": "assistant", "content": ""},
+                          prompt_token_ids=job.prompt_ids if ids is not None else None))
         item = first
         while isinstance(item, Delta):
             yield _data(chunk(rid, name, created, {"content": item.text}, token_ids=item.token_ids if ids is not None

@@ -37,8 +37,12 @@ _METADATA_ADDRESSES = frozenset(
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # The formats browsers and the OpenAI API accept; the rest of Pillow's openers are attack surface.
-_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF")
+DEFAULT_FORMATS = ("PNG", "JPEG", "MPO", "WEBP", "GIF", "BMP", "TIFF")
+# Fetched bodies must say they are images; servers that do not know say octet-stream (or nothing),
+# and Pillow then decides from the bytes, within the allowed formats.
+_UNTYPED = ("", "application/octet-stream", "binary/octet-stream")
 _SHOWN_URL_CHARS = 100
+MAX_URL_CHARS = 8192  # what common servers and proxies accept in a request line
 
 
 @dataclass(frozen=True)
@@ -49,10 +53,22 @@ class ImageLimits:
     max_pixels: int = 33_177_600  # 4K x 4 (7680 x 4320)
     fetch_timeout_s: float = 10.0  # the whole fetch: lookups, every redirect hop, the body
     max_redirects: int = 3
+    formats: tuple[str, ...] = DEFAULT_FORMATS  # Pillow format names
+    # A 1xN image has no patch grid: refused here, not by the encoder's resize (which fails the
+    # whole micro-batch). Qwen-VL's resize refuses aspect ratios over 200.
+    min_side: int = 2
+    max_aspect_ratio: float = 200.0
 
     def __post_init__(self) -> None:
-        if self.max_bytes < 1 or self.max_pixels < 1:
-            raise ValueError(f"ImageLimits max_bytes and max_pixels must be >= 1, got {self}")
+        if self.max_bytes < 1 or self.max_pixels < 1 or self.min_side < 1:
+            raise ValueError(f"ImageLimits max_bytes, max_pixels and min_side must be >= 1, got {self}")
+        if not self.max_aspect_ratio >= 1:
+            raise ValueError(f"ImageLimits.max_aspect_ratio must be >= 1, got {self.max_aspect_ratio}")
+        Image.init()
+        unknown = [f for f in self.formats if f not in Image.OPEN and f not in Image.MIME]
+        if not self.formats or unknown:
+            raise ValueError(f"ImageLimits.formats: unknown image formats {unknown or 'none given'}; "
+                             f"Pillow reads {', '.join(sorted(Image.OPEN))}")
         if not self.fetch_timeout_s > 0:
             raise ValueError(f"ImageLimits.fetch_timeout_s must be > 0, got {self.fetch_timeout_s}")
         if self.max_redirects < 0:
@@ -74,6 +90,8 @@ async def load_image_bytes(
     if scheme == "data":
         return decode_data_url(url, limits)
     if scheme in _DEFAULT_PORTS:
+        if len(url) > MAX_URL_CHARS:  # parsed on the event loop: keep that cheap
+            raise RequestError(f"the image URL is {len(url)} characters; the limit is {MAX_URL_CHARS}")
         return await _fetch(url, client, limits, allowed_hosts, resolver)
     raise RequestError(
         f"unsupported image URL scheme {scheme[:16]!r}: send a data:image/...;base64,... URL or an http(s) URL"
@@ -109,13 +127,8 @@ def decode_image(data: bytes, limits: ImageLimits) -> Image.Image:
     CPU-bound (milliseconds to a second for large images): call it off the event loop.
     """
     try:
-        with Image.open(io.BytesIO(data), formats=_FORMATS) as image:
-            width, height = image.size
-            if width * height > limits.max_pixels:
-                raise RequestError(
-                    f"the image is {width}x{height} = {width * height} pixels, over the limit of "
-                    f"{limits.max_pixels} pixels"
-                )
+        with Image.open(io.BytesIO(data), formats=limits.formats) as image:
+            check_dimensions(*image.size, limits)
             # Decode now, so a truncated or corrupt file fails here and not inside the encoder.
             image.load()
             return image.convert("RGB")
@@ -126,8 +139,21 @@ def decode_image(data: bytes, limits: ImageLimits) -> Image.Image:
         raise RequestError(f"the image is over the limit of {limits.max_pixels} pixels") from None
     except Exception as exc:  # Pillow's decoders raise OSError, SyntaxError, ValueError, struct.error, ...
         raise RequestError(
-            f"the image data is not a readable image (supported: {', '.join(_FORMATS)}): {str(exc)[:200]}"
+            f"the image data is not a readable image (supported: {', '.join(limits.formats)}): {str(exc)[:200]}"
         ) from None
+
+
+def check_dimensions(width: int, height: int, limits: ImageLimits) -> None:
+    """Refuse, from the header's size alone, an image too large or too thin to encode."""
+    if width * height > limits.max_pixels:
+        raise RequestError(
+            f"the image is {width}x{height} = {width * height} pixels, over the limit of {limits.max_pixels} pixels"
+        )
+    if min(width, height) < limits.min_side:
+        raise RequestError(f"the image is {width}x{height} pixels; each side must be at least {limits.min_side}")
+    if max(width, height) / min(width, height) > limits.max_aspect_ratio:
+        raise RequestError(f"the image is {width}x{height} pixels, an aspect ratio over the limit of "
+                           f"{limits.max_aspect_ratio:g}")
 
 
 # --- SSRF guard -------------------------------------------------------------------------------------
@@ -145,6 +171,8 @@ async def check_url_host(
     None means the host is allow-listed (exact name, or "name:port", case-insensitive) and is to
     be connected to by name. Any internal address refuses the host, not just the first one: a
     client that can make a name resolve to one public and one private address otherwise gets in.
+    An allow-list entry that is a network ("10.1.0.0/16", "::1/128") lets internal addresses inside
+    it through; the connection still goes to the checked address.
     """
     try:
         parsed = httpx.URL(url)
@@ -158,8 +186,9 @@ async def check_url_host(
         return None
     literal = _ip_literal(host)
     addresses = [literal] if literal is not None else await _resolve(host, port, resolver, timeout_s)
+    networks = allowed_networks(allowed_hosts)
     for address in addresses:
-        if is_forbidden_address(address):
+        if is_forbidden_address(address) and not any(address in net for net in networks):
             where = f"address {host}" if literal is not None else f"host {host} resolves to {address}, which"
             raise RequestError(
                 f"the image URL {where} is not allowed: loopback, private, link-local and cloud metadata "
@@ -187,6 +216,18 @@ def is_forbidden_address(address: IPAddress) -> bool:
         or address.is_reserved
         or not address.is_global  # also shared address space (100.64/10), benchmarking ranges, ...
     )
+
+
+def allowed_networks(allowed_hosts: frozenset[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """The allow-list entries written as networks (with a '/'); names and plain addresses are not."""
+    networks = []
+    for entry in allowed_hosts:
+        if "/" in entry:
+            try:
+                networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+            except ValueError:
+                raise ValueError(f"--allow-url-host {entry!r}: not a network like 10.0.0.0/8 or fd00::/8") from None
+    return networks
 
 
 def _is_allowed(host: str, port: int, display_host: str, allowed_hosts: frozenset[str]) -> bool:
@@ -271,22 +312,32 @@ async def _fetch_hops(
                 raise RequestError(
                     f"fetching the image {_shown(url)} failed: the server answered HTTP {response.status_code}"
                 )
+            _check_media_type(response, url)
             return await _read_capped(response, limits.max_bytes, url)
         finally:
             await response.aclose()
     raise RequestError(f"fetching the image {_shown(url)} took more than {limits.max_redirects} redirects")
 
 
+def _check_media_type(response: httpx.Response, url: str) -> None:
+    media_type = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if not media_type.startswith("image/") and media_type not in _UNTYPED:
+        raise RequestError(f"the image URL {_shown(url)} answered with {media_type[:60]!r}, not an image media type")
+
+
 def _build_request(client: httpx.AsyncClient, url: str, address: str | None, limits: ImageLimits) -> httpx.Request:
     target = httpx.URL(url)
     headers = {"Accept": "image/*"}
-    # Plain http connects to the very address that was checked, so a second DNS answer cannot
-    # point inside the network (DNS rebinding). https connects by name: the certificate check
-    # already stops a rebound name from talking to an internal service, and keeps SNI intact.
-    if address is not None and target.scheme == "http":
+    extensions = {}
+    # Connect to the very address that was checked, so a second DNS answer cannot point inside
+    # the network (DNS rebinding). For https the name still goes in SNI and is what the
+    # certificate is checked against.
+    if address is not None:
         headers["Host"] = target.netloc.decode("ascii")
+        if target.scheme == "https":
+            extensions["sni_hostname"] = target.host
         target = target.copy_with(host=address)
-    return client.build_request("GET", target, headers=headers, timeout=limits.fetch_timeout_s)
+    return client.build_request("GET", target, headers=headers, timeout=limits.fetch_timeout_s, extensions=extensions)
 
 
 async def _read_capped(response: httpx.Response, max_bytes: int, url: str) -> bytes:

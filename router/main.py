@@ -13,7 +13,10 @@ import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+from epd.tls import add_mtls_arguments
 from epd.worker_args import env_default, model_dir_or_demo, setup_logging
+from router.limit_args import add_limit_arguments
+from router.security import add_security_arguments, check_security_arguments
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,13 +37,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--discover-interval-s", type=float, default=5.0, help="how often DNS names are re-resolved")
     p.add_argument("--dns-server", metavar="HOST:PORT", help="resolve --discover-dns names here, not via resolv.conf")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
-                   help="let image URLs reach this host even if it is loopback/private; repeatable")
+                   help="let image URLs reach this host (or network, e.g. 10.0.0.0/8) even if it is loopback/private; "
+                        "repeatable")
     p.add_argument("--encoder-policy", default="affinity")
     p.add_argument("--prefill-policy", default="least_outstanding_tokens")
     p.add_argument("--decode-policy", default="least_outstanding")
-    p.add_argument("--max-images", type=int, default=8, help="images per request")
-    p.add_argument("--max-tokens-limit", type=int, default=4096)
-    p.add_argument("--max-prompt-tokens", type=int, default=32768)
+    add_limit_arguments(p)
+    add_security_arguments(p)
+    add_mtls_arguments(p, with_cert=False)  # the router presents its --tls-cert/--tls-key to workers
     p.add_argument("--request-timeout-s", type=float, default=600.0)
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
@@ -61,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
         return 1
     tracing.setup("router", args.otlp_endpoint)
     try:
+        check_security_arguments(args)
+        from epd import tls
+
+        tls.configure(tls.from_args(args, cert_alone_ok=True))  # before the registry opens its channels
         gateway = build_gateway(args)
         sock = socket.create_server((args.host, args.port), reuse_port=False)
     except (OSError, ValueError) as exc:
@@ -78,10 +86,12 @@ def build_gateway(args: argparse.Namespace):
 
     from epd import metrics
     from router.admission import Admission
-    from router.chat_request import RequestLimits
     from router.frontend import Frontend
     from router.http_app import Gateway
-    from router.image_source import ImageLimits
+    from router.image_source import allowed_networks
+    from router.limit_args import image_limits, request_limits
+    from router.limits import context_length
+    from router.offload import Offload
     from router.orchestrator import Orchestrator
     from router.workers import WorkerRegistry, WorkerSpec
 
@@ -91,18 +101,23 @@ def build_gateway(args: argparse.Namespace):
     specs = [WorkerSpec.parse(role, text) for role in ("encoder", "prefill", "decode")
              for text in getattr(args, role)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    image_token_id = int(AutoConfig.from_pretrained(model_dir).image_token_id)
+    config = AutoConfig.from_pretrained(model_dir)
+    image_token_id = int(config.image_token_id)
     registry = WorkerRegistry(specs)
     discovery = discovery_sources(args, registry)
     orchestrator = Orchestrator(registry, image_token_id, encoder_policy=args.encoder_policy,
                                 prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
+    allowed_hosts = frozenset(h.lower() for h in args.allow_url_host)
+    allowed_networks(allowed_hosts)  # a malformed CIDR fails at start, not on the first request
     frontend = Frontend(tokenizer=tokenizer, http=httpx.AsyncClient(follow_redirects=False),
-                        image_limits=ImageLimits(), allowed_hosts=frozenset(h.lower() for h in args.allow_url_host),
-                        max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s)
-    limits = RequestLimits(max_images=args.max_images, max_tokens_limit=args.max_tokens_limit)
+                        image_limits=image_limits(args), allowed_hosts=allowed_hosts,
+                        max_prompt_tokens=args.max_prompt_tokens, request_timeout_s=args.request_timeout_s,
+                        context_length=context_length(config), offload=Offload(args.cpu_threads))
+    limits = request_limits(args)
     admission = Admission(args.max_concurrent_requests, on_change=metrics.RUNNING.labels("router").set)
     return Gateway(args.model_name or model_dir.name, registry, orchestrator, frontend, limits, admission,
-                   discovery)
+                   discovery, max_body_bytes=args.max_body_bytes, body_timeout_s=args.body_timeout_s,
+                   api_key=args.api_key)
 
 
 def discovery_sources(args: argparse.Namespace, registry) -> list:
@@ -120,6 +135,17 @@ def discovery_sources(args: argparse.Namespace, registry) -> list:
     return sources
 
 
+def _add_router_port(server, args: argparse.Namespace) -> int:
+    """The gRPC Router API's port: TLS (no client certificate asked) when the gateway has TLS."""
+    address = f"{args.host}:{args.grpc_port}"
+    if not args.tls_cert:
+        return server.add_insecure_port(address)
+    import grpc
+
+    pair = (Path(args.tls_key).read_bytes(), Path(args.tls_cert).read_bytes())
+    return server.add_secure_port(address, grpc.ssl_server_credentials([pair]))
+
+
 async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     import grpc
     import uvicorn
@@ -129,9 +155,11 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     from router.grpc_api import RouterServicer
     from router.http_app import create_app
 
-    grpc_server = grpc.aio.server()
+    # The same ceiling as the HTTP body: images travel as bytes here, as base64 there.
+    size = [("grpc.max_receive_message_length", gateway.max_body_bytes)]
+    grpc_server = grpc.aio.server(options=size)
     router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(gateway), grpc_server)
-    grpc_port = grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}")
+    grpc_port = _add_router_port(grpc_server, args)
     http_port = sock.getsockname()[1]
 
     @asynccontextmanager
@@ -146,7 +174,8 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
                  for i, source in enumerate(gateway.discovery)]
         await grpc_server.start()
         write_ready_file(args.ready_file, {"role": "router", "http_port": http_port, "grpc_port": grpc_port})
-        print(f"epd router: serving http://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
+        scheme = "https" if args.tls_cert else "http"
+        print(f"epd router: serving {scheme}://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
               flush=True)
         try:
             yield
@@ -156,9 +185,10 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
             await grpc_server.stop(2.0)
             await gateway.registry.close()
             await gateway.frontend.http.aclose()
+            gateway.frontend.offload.close()
 
     config = uvicorn.Config(create_app(gateway, lifespan), log_level=args.log_level.lower(),
-                            timeout_graceful_shutdown=3)
+                            timeout_graceful_shutdown=3, ssl_certfile=args.tls_cert, ssl_keyfile=args.tls_key)
     await uvicorn.Server(config).serve(sockets=[sock])
     return 0
 

@@ -25,11 +25,17 @@ def completion_body(request_id: str, model: str, text: str, token_ids: list[int]
 
 
 def chunk(request_id: str, model: str, created: int, delta: dict, finish_reason: str | None = None,
-          token_ids: list[int] | None = None) -> dict:
+          token_ids: list[int] | None = None, prompt_token_ids: list[int] | None = None) -> dict:
+    """One stream chunk. With return_token_ids, as vLLM spells it: `token_ids` on the choice (not in
+    `delta`), `prompt_token_ids` on the chunk (the first one)."""
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
     if token_ids is not None:
-        delta = {**delta, "token_ids": token_ids}
-    return {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}]}
+        choice["token_ids"] = token_ids
+    body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [choice]}
+    if prompt_token_ids is not None:
+        body["prompt_token_ids"] = prompt_token_ids
+    return body
 
 
 def usage_chunk(request_id: str, model: str, created: int, final: Final) -> dict:

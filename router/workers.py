@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from epd import tls
 from epd.worker import GRPC_OPTIONS
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class WorkerRegistry:
         known = {w.spec: w for w in self.workers}
         for spec in sorted(wanted - known.keys(), key=lambda s: (s.role, s.address)):
             log.info("%s %s discovered", spec.role, spec.address)
-            self.workers.append(Worker(spec, grpc.aio.insecure_channel(spec.address, options=GRPC_OPTIONS)))
+            self.workers.append(Worker(spec, tls.aio_channel(spec.address, options=GRPC_OPTIONS)))  # epd.tls
         for spec, worker in known.items():
             if spec not in wanted and worker.state != "draining":
                 log.info("%s %s left discovery: draining", spec.role, spec.address)

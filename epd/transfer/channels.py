@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import grpc
 
+from epd import tls
+
 
 class ChannelPool:
     """Thread-safe. An evicted channel is closed, which cancels calls still running on it."""
@@ -31,7 +33,7 @@ class ChannelPool:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=self._options)
+                channel = tls.channel(address, options=self._options)  # mutual TLS when configured
                 self._channels[address] = channel
                 while len(self._channels) > self._max_channels:
                     evicted.append(self._channels.popitem(last=False)[1])

@@ -54,16 +54,18 @@ def test_streaming_http_url_equals_transformers(served, image_server):
     stream = client.chat.completions.create(
         model=family, messages=openai_messages([f"{image_server}/img/3.png"]), max_tokens=MAX_TOKENS,
         temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
-    text, ids, finish, usage = [], [], None, None
+    text, ids, finish, usage, prompt_ids = [], [], None, None, []
     for chunk in stream:
+        prompt_ids.append(_extra(chunk, "prompt_token_ids"))
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
             text.append(choice.delta.content or "")
-            ids.extend(_extra(choice.delta, "token_ids") or [])
+            ids.extend(_extra(choice, "token_ids") or [])
             finish = choice.finish_reason or finish
-    assert ids == expected_ids
+    assert ids == expected_ids  # vLLM's shape: token_ids on each stream choice
     assert "".join(text) == expected_text
+    assert len(prompt_ids[0]) > 10 and prompt_ids[1:] == [None] * (len(prompt_ids) - 1)  # on the first chunk only
     assert finish == ("length" if len(expected_ids) == MAX_TOKENS else "stop")
     assert usage is not None and usage.completion_tokens == len(expected_ids) and usage.prompt_tokens > 10
 
@@ -88,7 +90,7 @@ def test_sixteen_concurrent_streams_with_different_images(served):
         stream = client.chat.completions.create(
             model=family, messages=openai_messages([data_url(pattern_image(index))]), max_tokens=12,
             temperature=0, stream=True, extra_body={"return_token_ids": True})
-        return [t for chunk in stream for c in chunk.choices for t in (_extra(c.delta, "token_ids") or [])]
+        return [t for chunk in stream for c in chunk.choices for t in (_extra(c, "token_ids") or [])]
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         got = dict(zip(indices, pool.map(run, indices), strict=True))

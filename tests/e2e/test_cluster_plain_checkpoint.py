@@ -33,7 +33,7 @@ def test_plain_checkpoint_cluster_equals_transformers(plain, stream):
         max_tokens=24, temperature=0, stream=stream, extra_body={"return_token_ids": True})
     if stream:
         chunks = [c for chunk in reply for c in chunk.choices]
-        ids = [t for c in chunks for t in (c.delta.model_extra or {}).get("token_ids") or []]
+        ids = [t for c in chunks for t in (c.model_extra or {}).get("token_ids") or []]
         text = "".join(c.delta.content or "" for c in chunks)
     else:
         ids, text = reply.choices[0].model_extra["token_ids"], reply.choices[0].message.content

@@ -22,7 +22,18 @@ def test_minimal_request_gets_defaults():
         stream=False,
         include_usage=False,
         return_token_ids=False,
+        image_params=(),
+        max_tokens_given=False,
     )
+
+
+def test_image_params_name_each_image_field():
+    body = user([{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": PNG}},
+                 {"type": "image_url", "image_url": PNG}])
+    request = parse(body)
+    assert request.image_params == ("messages[0].content[1].image_url.url", "messages[0].content[2].image_url")
+    assert request.max_tokens_given is False
+    assert parse({**body, "max_completion_tokens": 3}).max_tokens_given is True
 
 
 def test_every_supported_field():

@@ -182,15 +182,34 @@ def test_http_connects_to_the_checked_address():
     assert seen == [("93.184.216.34", 8080, "images.example:8080")]
 
 
-def test_https_connects_by_name():
-    seen: list[str] = []
+def test_https_connects_to_the_checked_address_with_the_name_in_sni():
+    seen: list[tuple[str, str, str]] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
-        seen.append(request.url.host)
+        seen.append((request.url.host, request.headers["host"], request.extensions["sni_hostname"]))
         return httpx.Response(200, content=PNG)
 
     assert mock_load("https://images.example/cat.png", handler, {"images.example": ["93.184.216.34"]}) == PNG
-    assert seen == ["images.example"]
+    assert seen == [("93.184.216.34", "images.example", "images.example")]
+
+
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", "application/json", "video/mp4"])
+def test_non_image_media_types_are_refused(content_type):
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=PNG, headers={"Content-Type": content_type})
+
+    with pytest.raises(RequestError) as info:
+        mock_load("http://images.example/cat.png", handler, {"images.example": ["93.184.216.34"]})
+    assert "not an image media type" in info.value.message
+
+
+@pytest.mark.parametrize("content_type", ["image/png", "IMAGE/JPEG; q=1", "application/octet-stream", None])
+def test_image_and_untyped_media_types_pass(content_type):
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"Content-Type": content_type} if content_type else {}
+        return httpx.Response(200, content=PNG, headers=headers)
+
+    assert mock_load("http://images.example/cat.png", handler, {"images.example": ["93.184.216.34"]}) == PNG
 
 
 def test_every_redirect_hop_is_checked():

@@ -63,23 +63,32 @@ def test_role_chunk():
     }
 
 
-def test_content_chunk_with_token_ids_in_the_delta():
+def test_content_chunk_with_token_ids_on_the_choice_as_vllm():
     delta = {"content": "lo"}
     assert chunk("r", "m", 77, delta, token_ids=[9, 10]) == {
         "id": "r", "object": "chat.completion.chunk", "created": 77, "model": "m",
-        "choices": [{"index": 0, "delta": {"content": "lo", "token_ids": [9, 10]}, "finish_reason": None,
-                     "logprobs": None}],
+        "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": None, "logprobs": None,
+                     "token_ids": [9, 10]}],
     }
     assert delta == {"content": "lo"}  # the caller's dict is not modified
 
 
+def test_first_chunk_carries_the_prompt_token_ids():
+    first = chunk("r", "m", 77, {"role": "assistant", "content": ""}, prompt_token_ids=[1, 2, 3])
+    assert first["prompt_token_ids"] == [1, 2, 3]
+    assert "token_ids" not in first["choices"][0]
+    assert "prompt_token_ids" not in chunk("r", "m", 77, {"content": "x"}, token_ids=[4])
+
+
 def test_content_chunk_with_empty_token_ids_keeps_the_key():
-    assert chunk("r", "m", 1, {"content": ""}, token_ids=[])["choices"][0]["delta"] == {"content": "",
-                                                                                        "token_ids": []}
+    choice = chunk("r", "m", 1, {"content": ""}, token_ids=[])["choices"][0]
+    assert (choice["delta"], choice["token_ids"]) == ({"content": ""}, [])
 
 
 def test_content_chunk_without_token_ids_has_no_key():
-    assert chunk("r", "m", 1, {"content": "x"})["choices"][0]["delta"] == {"content": "x"}
+    body = chunk("r", "m", 1, {"content": "x"})
+    assert body["choices"][0]["delta"] == {"content": "x"}
+    assert "token_ids" not in body["choices"][0] and "prompt_token_ids" not in body
 
 
 def test_finish_chunk():
