@@ -1,0 +1,86 @@
+"""epd serve keeps serving when a worker is SIGKILLed: the dead worker is restarted on its address,
+returns to ready in the router's /workers (which counts the restart), and takes traffic again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import cmdline, start_cluster, until
+from tests.e2e.conftest import reference
+
+PROMPT = "Say something."
+
+
+def worker_by_name(cluster, name: str) -> tuple[int, str]:
+    """(pid, address) of the launcher's child `name` (e.g. decode-0), from its command line and ready file."""
+    for pid in cluster.worker_pids():
+        args = cmdline(pid).split()
+        if "--ready-file" in args:
+            ready = Path(args[args.index("--ready-file") + 1])
+            if ready.stem == name and ready.exists():
+                return pid, json.loads(ready.read_text())["address"]
+    raise AssertionError(f"no child {name} among {[cmdline(p) for p in cluster.worker_pids()]}")
+
+
+def workers(url: str) -> dict[str, dict]:
+    return {w["address"]: w for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]}
+
+
+def body(max_tokens: int) -> dict:
+    return {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True}
+
+
+@pytest.fixture
+def two_decodes(e2e_dirs):
+    cluster = start_cluster(e2e_dirs["kimi_k25"], "--decodes", "2")
+    yield cluster
+    cluster.stop()
+
+
+def test_a_killed_decode_worker_is_restarted_and_the_cluster_keeps_serving(e2e_dirs, two_decodes):
+    cluster, url = two_decodes, two_decodes.url
+    expected = reference(e2e_dirs["kimi_k25"], (), 8, PROMPT)[0]
+    pid, address = worker_by_name(cluster, "decode-0")
+    assert workers(url)[address]["restarts"] == 0
+
+    finished = []
+
+    def stream() -> None:  # streams in flight while the worker dies: some may fail (no migration here)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body(64), "stream": True}, timeout=60) as r:
+            finished.append(r.status_code)
+            for _ in r.iter_lines():
+                pass
+
+    threads = [threading.Thread(target=stream) for _ in range(4)]
+    for t in threads:
+        t.start()
+    os.kill(pid, signal.SIGKILL)
+    for t in threads:
+        t.join(90)
+    assert cluster.proc.poll() is None, "".join(cluster.output)  # the launcher did not stop the cluster
+    for _ in range(3):  # served by the other decode worker meanwhile
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body(8), timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["token_ids"] == expected
+    until(lambda: workers(url)[address]["state"] == "ready" and workers(url)[address]["restarts"] == 1, 120,
+          f"decode-0 not back to ready with one restart: {workers(url)}")
+    new_pid, new_address = worker_by_name(cluster, "decode-0")
+    assert new_pid != pid and new_address == address
+    assert any("decode-0 exited with code -9; restarting it" in line for line in cluster.output)
+    os.kill(worker_by_name(cluster, "decode-1")[0], signal.SIGSTOP)  # only the restarted worker can decode now
+    try:
+        until(lambda: workers(url)[worker_by_name(cluster, "decode-1")[1]]["state"] != "ready", 20,
+              "stopped decode-1 still routed")
+        reply = httpx.post(f"{url}/v1/chat/completions", json=body(8), timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["token_ids"] == expected
+    finally:
+        os.kill(worker_by_name(cluster, "decode-1")[0], signal.SIGCONT)
