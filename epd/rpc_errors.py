@@ -21,6 +21,10 @@ class Overloaded(RuntimeError):
     """A bounded queue or table is full; the caller may retry elsewhere or later."""
 
 
+class Cancelled(RuntimeError):
+    """The caller went away; the work was dropped (nobody reads the answer)."""
+
+
 def status_for(exc: BaseException) -> grpc.StatusCode:
     from epd.batcher import QueueFull
     from epd.transfer.errors import TransferError
@@ -34,6 +38,8 @@ def status_for(exc: BaseException) -> grpc.StatusCode:
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, TimeoutError):
         return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, Cancelled):
+        return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.INTERNAL
 
 

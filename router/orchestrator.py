@@ -80,6 +80,7 @@ class Orchestrator:
         self.attempts = attempts
         self.policies = {"encoder": make_policy(encoder_policy), "prefill": make_policy(prefill_policy),
                          "decode": make_policy(decode_policy)}
+        self._releasing: set[asyncio.Task] = set()
 
     async def run(self, job: Job) -> AsyncIterator[TokenEvent]:
         span = tracing.request_span("epd.request", request_id=job.request_id, images=len(job.images))
@@ -106,8 +107,12 @@ class Orchestrator:
                 raise UpstreamError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
         request = prefill_pb2.PrefillRequest(request_id=job.request_id, token_ids=ids, embeddings=embeddings,
                                              mm_positions=starts, sampling=sampling_to_pb(job.sampling))
-        prefilled = await _traced(span.child("prefill", prompt_tokens=len(ids)), lambda md: self._with_retries(
-            "prefill", None, len(ids), deadline, lambda w, t: self._prefill(w, request, t, md)))
+        try:
+            prefilled = await _traced(span.child("prefill", prompt_tokens=len(ids)), lambda md: self._with_retries(
+                "prefill", None, len(ids), deadline, lambda w, t: self._prefill(w, request, t, md)))
+        except BaseException:  # failed, timed out or the client left: nobody will pull the embeddings
+            self._release_later([e.handle for e in embeddings if e.HasField("handle")])
+            raise
         finish = FINISH.get(prefilled.finish_reason)
         first = TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
         if finish is not None:
@@ -119,9 +124,9 @@ class Orchestrator:
         try:
             opened = await self._with_retries("decode", None, 0, deadline,
                                               lambda w, t: self._open_decode(w, job, prefilled, t, decode.metadata))
-        except UpstreamError as exc:
-            decode.end(exc)
-            await self._release(prefilled.kv.handle)  # nobody will pull it: free it now, not at its TTL
+        except BaseException as exc:  # refused everywhere, timed out or the client left before admission
+            decode.end(exc if isinstance(exc, Exception) else None)
+            self._release_later([prefilled.kv.handle])  # nobody will pull it: free it now, not at its TTL
             raise
         try:
             yield first
@@ -169,6 +174,13 @@ class Orchestrator:
                                                           "before admitting the request")
         ahead = [] if not chunk.token_ids and not chunk.finish_reason else [chunk]  # a worker with no admission chunk
         return worker, call, ahead
+
+    def _release_later(self, handles: list[common_pb2.TransferHandle]) -> None:
+        """Release `handles` in tasks of their own: they run even when this request was cancelled."""
+        for handle in handles:
+            task = asyncio.get_running_loop().create_task(self._release(handle))
+            self._releasing.add(task)  # a strong reference until done (the loop keeps only weak ones)
+            task.add_done_callback(self._releasing.discard)
 
     async def _release(self, handle: common_pb2.TransferHandle) -> None:
         """Best effort: ask the owner to drop a lease now (its TTL frees it if this fails)."""
