@@ -108,12 +108,27 @@ class EncoderService:
             raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
         return rgb
 
-    def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage]:
+    def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage | Exception]:
+        """One forward for the batch; if it fails, each image alone, so a bad one fails only its request."""
         metrics.RUNNING.labels(ROLE).inc()
         try:
-            return self.encoder.encode(images)
+            try:
+                return self.encoder.encode(images)
+            except Exception:
+                if len(images) == 1:
+                    return [self._encode_alone(images[0])]
+            return [self._encode_alone(image) for image in images]
         finally:
             metrics.RUNNING.labels(ROLE).dec()
+
+    def _encode_alone(self, image: Image.Image) -> EncodedImage | Exception:
+        try:
+            [out] = self.encoder.encode([image])
+            return out
+        except ValueError as exc:  # the processor refusing this image's shape (e.g. 1xN pixels): the input's fault
+            return InvalidInput(f"a {image.width}x{image.height} image cannot be processed by this model: {exc}")
+        except Exception as exc:  # anything else is ours: INTERNAL, retryable on another encoder
+            return exc
 
     def _lease(self, key: str, image: EncodedImage) -> LeasedEmbedding:
         # While a handle is out, the entry stays pinned: what prefill may still pull counts against the budget.

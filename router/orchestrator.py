@@ -20,6 +20,7 @@ from epd import tracing
 from epd.deadlines import deadline_ms_in
 from epd.engine.params import SamplingParams
 from epd.engine.placeholders import expand_placeholders
+from epd.rpc_errors import FAILED_PEER_KEY
 from epd.v1 import (
     common_pb2,
     decode_pb2,
@@ -97,6 +98,18 @@ class Orchestrator:
 
     async def _run(self, job: Job, span: tracing.Span) -> AsyncIterator[TokenEvent]:
         deadline = time.monotonic() + job.timeout_s
+        try:
+            prefilled = await self._encode_and_prefill(job, span, deadline)
+        except UpstreamError as exc:
+            if exc.code != grpc.StatusCode.ABORTED:
+                raise
+            # A transfer failed (its owner, now marked failed, died; or its lease expired): the
+            # embeddings are gone, so encode again, on another encoder where the owner was one.
+            prefilled = await self._encode_and_prefill(job, span, deadline)
+        async for event in self._start_decode(job, span, deadline, prefilled):
+            yield event
+
+    async def _encode_and_prefill(self, job: Job, span: tracing.Span, deadline: float):
         ids, starts, embeddings = list(job.prompt_ids), [], []
         if job.images:
             embeddings = await _traced(span.child("encode"), lambda md: self._encode(job, deadline, md))
@@ -113,6 +126,10 @@ class Orchestrator:
         except BaseException:  # failed, timed out or the client left: nobody will pull the embeddings
             self._release_later([e.handle for e in embeddings if e.HasField("handle")])
             raise
+        return prefilled
+
+    async def _start_decode(self, job: Job, span: tracing.Span, deadline: float, prefilled
+                            ) -> AsyncIterator[TokenEvent]:
         finish = FINISH.get(prefilled.finish_reason)
         first = TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
         if finish is not None:
@@ -199,8 +216,7 @@ class Orchestrator:
             while (chunk := await call.read()) is not grpc.aio.EOF:  # read(), as for the admission chunk
                 yield TokenEvent(list(chunk.token_ids), FINISH.get(chunk.finish_reason))
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                self.registry.mark_failed(worker, exc.details() or "unavailable")
+            self._blame(worker, exc)
             raise UpstreamError(exc.code(), f"decode worker {worker.address}: {exc.details()}") from None
         finally:
             worker.outstanding -= 1
@@ -219,8 +235,7 @@ class Orchestrator:
                 return await call(worker, _left(deadline))
             except grpc.aio.AioRpcError as exc:
                 last = UpstreamError(exc.code(), f"{role} worker {worker.address}: {exc.details()}")
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    self.registry.mark_failed(worker, exc.details() or "unavailable")
+                self._blame(worker, exc)
                 if exc.code() not in RETRYABLE:
                     raise last from None
             finally:
@@ -228,12 +243,31 @@ class Orchestrator:
                 worker.outstanding_tokens -= tokens
         raise last
 
+    def _blame(self, worker: Worker, exc: grpc.aio.AioRpcError) -> None:
+        """Mark failed whoever failed: the worker when unreachable, or the peer it names (the owner of
+        a transfer it could not pull), never a healthy worker that only reported someone else's death."""
+        peer = failed_peer_of(exc)
+        if peer:
+            owner = next((w for w in self.registry.workers if w.address == peer), None)
+            if owner is not None:
+                self.registry.mark_failed(owner, f"unreachable from {worker.address}: {exc.details()}")
+        elif exc.code() == grpc.StatusCode.UNAVAILABLE:
+            self.registry.mark_failed(worker, exc.details() or "unavailable")
+
     def _pick(self, role: str, key: str | None, exclude: set[str] = frozenset()) -> Worker:
         candidates = [w for w in self.registry.ready(role) if w.address not in exclude] or self.registry.ready(role)
         try:
             return self.policies[role].pick(candidates, key)
         except NoWorkerAvailable:
             raise UpstreamError(grpc.StatusCode.UNAVAILABLE, f"no ready {role} worker") from None
+
+
+def failed_peer_of(exc: grpc.aio.AioRpcError) -> str:
+    """The address a worker's error trailers blame (epd.rpc_errors.FAILED_PEER_KEY), or ""."""
+    for key, value in exc.trailing_metadata() or ():
+        if key == FAILED_PEER_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return ""
 
 
 async def _traced(span: tracing.Span, call: Callable[[tuple], Awaitable]):
