@@ -2,7 +2,9 @@
 Prefill (least outstanding) → Decode (least outstanding, streamed).
 
 Retries go to another worker only before the first token exists and only for failures that mean
-"this worker could not take it" (UNAVAILABLE, RESOURCE_EXHAUSTED); after that a failure reaches the
+"this worker could not take it" (UNAVAILABLE, RESOURCE_EXHAUSTED). After it, a decode worker that
+dies mid-stream is survived by migration: the prompt plus the tokens sent so far are prefilled
+again and decoding goes on elsewhere (a bounded number of times); any other failure reaches the
 client as an error. Closing the event stream (client gone, stop string) cancels the decode call.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +40,10 @@ from epd.wire.sampling import sampling_to_pb
 from router.policies import NoWorkerAvailable, make_policy
 from router.workers import Worker, WorkerRegistry
 
+log = logging.getLogger(__name__)
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+# A decode stream that failed like this lost its worker, not its request: migrate it (see _start_decode).
+MIGRATABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN)
 FINISH = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length",
           common_pb2.FINISH_REASON_CANCELLED: "cancelled"}
 
@@ -73,12 +80,13 @@ class TokenEvent:
 
 
 class Orchestrator:
-    def __init__(self, registry: WorkerRegistry, image_token_id: int, attempts: int = 3,
+    def __init__(self, registry: WorkerRegistry, image_token_id: int, attempts: int = 3, max_migrations: int = 2,
                  encoder_policy: str = "affinity", prefill_policy: str = "least_outstanding",
                  decode_policy: str = "least_outstanding") -> None:
         self.registry = registry
         self.image_token_id = image_token_id
         self.attempts = attempts
+        self.max_migrations = max_migrations  # decode worker deaths one stream survives
         self.policies = {"encoder": make_policy(encoder_policy), "prefill": make_policy(prefill_policy),
                          "decode": make_policy(decode_policy)}
         self._releasing: set[asyncio.Task] = set()
@@ -130,11 +138,43 @@ class Orchestrator:
 
     async def _start_decode(self, job: Job, span: tracing.Span, deadline: float, prefilled
                             ) -> AsyncIterator[TokenEvent]:
-        finish = FINISH.get(prefilled.finish_reason)
-        first = TokenEvent([prefilled.first_token_id], finish, prompt_tokens=prefilled.prompt_tokens)
-        if finish is not None:
+        """Stream the decode of `prefilled`; if the decode worker dies mid-stream, migrate: prefill
+        the prompt plus the tokens sent so far again and go on from there on a live pair, so the
+        client sees one uninterrupted stream (greedy: the very tokens an undisturbed run gives)."""
+        generated: list[int] = []  # every token sent to the client so far
+        for migration in range(self.max_migrations + 1):
+            first = TokenEvent([prefilled.first_token_id], FINISH.get(prefilled.finish_reason),
+                               prompt_tokens=prefilled.prompt_tokens if migration == 0 else 0)
+            if first.finish_reason is not None:
+                yield first
+                return
+            opened = await self._admit_decode(job, span, deadline, prefilled)
+            generated.append(prefilled.first_token_id)
             yield first
-            return
+            try:
+                async for event in self._decode(*opened):
+                    generated.extend(event.token_ids)
+                    yield event
+                return
+            except UpstreamError as exc:
+                resumed = self._resumed_job(job, generated, migration + 1)
+                if exc.code not in MIGRATABLE or migration == self.max_migrations or resumed is None:
+                    raise
+                log.warning("%s; migrating request %s after %d tokens", exc.message, job.request_id, len(generated))
+            prefilled = await self._encode_and_prefill(resumed, span, deadline)
+            job = resumed
+
+    def _resumed_job(self, job: Job, generated: list[int], migration: int) -> Job | None:
+        """The request as it stands after `generated`: a prompt to prefill again, the rest of the budget."""
+        left = job.sampling.max_tokens - len(generated)
+        if left < 1 or self.image_token_id in generated:  # nothing to continue, or a prompt we could not re-expand
+            return None
+        original = job.request_id.split("~", 1)[0]
+        return Job(f"{original}~m{migration}", job.prompt_ids + generated, job.images,
+                   dataclasses.replace(job.sampling, max_tokens=left), job.timeout_s)
+
+    async def _admit_decode(self, job: Job, span: tracing.Span, deadline: float, prefilled):
+        """A decode worker that admitted the request (worker, call, chunks read ahead)."""
         # The first token goes out only once a decode worker has admitted the request: a refusal
         # (full KV pool) can still go to another worker, or reach the client as a plain 429.
         decode = span.child("decode")
@@ -145,14 +185,8 @@ class Orchestrator:
             decode.end(exc if isinstance(exc, Exception) else None)
             self._release_later([prefilled.kv.handle])  # nobody will pull it: free it now, not at its TTL
             raise
-        try:
-            yield first
-            async for event in self._decode(*opened):
-                yield event
-        except BaseException as exc:
-            decode.end(None if isinstance(exc, GeneratorExit) else exc)
-            raise
         decode.end()
+        return opened
 
     async def _encode(self, job: Job, deadline: float, metadata=()) -> list[common_pb2.EmbeddingRef]:
         request = encoder_pb2.EncodeRequest(request_id=job.request_id, images=[

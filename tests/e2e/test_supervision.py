@@ -84,3 +84,41 @@ def test_a_killed_decode_worker_is_restarted_and_the_cluster_keeps_serving(e2e_d
         assert reply.json()["choices"][0]["token_ids"] == expected
     finally:
         os.kill(worker_by_name(cluster, "decode-1")[0], signal.SIGCONT)
+
+
+def stream_text(url: str, max_tokens: int, progress: list[int], index: int) -> str:
+    """One greedy stream's text; `progress[index]` counts its content chunks as they arrive."""
+    text = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=120,
+                      json={**body(max_tokens), "stream": True, "return_token_ids": False}) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk  # a migration the client can see is a failed one
+            for choice in chunk["choices"]:
+                text.append(choice["delta"].get("content") or "")
+                progress[index] += 1
+    return "".join(text)
+
+
+def test_streams_survive_their_decode_worker_dying(e2e_dirs, two_decodes):
+    """8 greedy streams; one decode worker SIGKILLed mid-stream: every stream still equals the reference."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cluster, url, max_tokens = two_decodes, two_decodes.url, 160
+    expected = reference(e2e_dirs["kimi_k25"], (), max_tokens, PROMPT)[1]
+    pid, _ = worker_by_name(cluster, "decode-0")
+    progress = [0] * 8
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(stream_text, url, max_tokens, progress, i) for i in range(8)]
+        until(lambda: min(progress) >= 3 or any(f.done() for f in futures), 60, "streams never started")
+        os.kill(pid, signal.SIGKILL)
+        running_at_kill = sum(not f.done() for f in futures)
+        texts = [f.result(180) for f in futures]
+    migrated = [line for line in cluster.output if "migrating request" in line]
+    assert running_at_kill == 8 and migrated, "no stream was mid-way on the killed worker"
+    assert texts == [expected] * 8
+    assert any("decode-0 exited with code -9" in line for line in cluster.output)
+    print(f"{len(migrated)} streams migrated")
