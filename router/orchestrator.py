@@ -144,11 +144,20 @@ class Orchestrator:
         generated: list[int] = []  # every token sent to the client so far
         for migration in range(self.max_migrations + 1):
             first = TokenEvent([prefilled.first_token_id], FINISH.get(prefilled.finish_reason),
-                               prompt_tokens=prefilled.prompt_tokens if migration == 0 else 0)
+                               prompt_tokens=0 if generated else prefilled.prompt_tokens)
             if first.finish_reason is not None:
                 yield first
                 return
-            opened = await self._admit_decode(job, span, deadline, prefilled)
+            try:
+                opened = await self._admit_decode(job, span, deadline, prefilled)
+            except UpstreamError as exc:
+                if exc.code != grpc.StatusCode.ABORTED or migration == self.max_migrations:
+                    raise
+                # The KV's owner (a prefill worker, now marked failed) died or its lease expired
+                # before decode could pull it: prefill the same request again.
+                log.warning("%s; prefilling request %s again", exc.message, job.request_id)
+                prefilled = await self._encode_and_prefill(job, span, deadline)
+                continue
             generated.append(prefilled.first_token_id)
             yield first
             try:

@@ -122,3 +122,51 @@ def test_streams_survive_their_decode_worker_dying(e2e_dirs, two_decodes):
     assert texts == [expected] * 8
     assert any("decode-0 exited with code -9" in line for line in cluster.output)
     print(f"{len(migrated)} streams migrated")
+
+
+def stream_chat(url: str, messages: list[dict], max_tokens: int, progress: list[int], index: int) -> str:
+    text = []
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=180, json=body) as reply:
+        assert reply.status_code == 200, reply.read()
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                for choice in chunk["choices"]:
+                    text.append(choice["delta"].get("content") or "")
+                    progress[index] += 1
+    return "".join(text)
+
+
+def test_kill_an_encoder_a_prefill_and_a_decode_worker_under_eight_streams(e2e_dirs):
+    """Two workers of each kind; one of each SIGKILLed while 8 streams (half with images) run: every
+    stream equals transformers' greedy output, and the three are restarted and ready again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.e2e.conftest import QUESTION, data_url, openai_messages, pattern_image
+
+    model, max_tokens = e2e_dirs["kimi_k25"], 160
+    cluster = start_cluster(model, "--encoders", "2", "--prefills", "2", "--decodes", "2")
+    try:
+        url = cluster.url
+        cases = [((i % 2,), openai_messages([data_url(pattern_image(i % 2))])) if i % 2 == 0 else
+                 ((), openai_messages([])) for i in range(8)]
+        expected = [reference(model, images, max_tokens, QUESTION)[1] for images, _ in cases]
+        victims = {name: worker_by_name(cluster, name) for name in ("encoder-0", "prefill-0", "decode-0")}
+        progress = [0] * 8
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(stream_chat, url, messages, max_tokens, progress, i)
+                       for i, (_, messages) in enumerate(cases)]
+            until(lambda: min(progress) >= 3 or any(f.done() for f in futures), 60, "streams never started")
+            for pid, _ in victims.values():
+                os.kill(pid, signal.SIGKILL)
+            texts = [f.result(240) for f in futures]
+        assert texts == expected
+        for name, (_, address) in victims.items():
+            until(lambda a=address: workers(url)[a]["state"] == "ready" and workers(url)[a]["restarts"] == 1, 120,
+                  f"{name} not restarted and ready: {workers(url)}")
+        again = stream_chat(url, cases[0][1], 16, [0], 0)  # the cluster serves image requests after it all
+        assert again == reference(model, cases[0][0], 16, QUESTION)[1]
+    finally:
+        cluster.stop()
