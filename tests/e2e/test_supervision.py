@@ -170,3 +170,30 @@ def test_kill_an_encoder_a_prefill_and_a_decode_worker_under_eight_streams(e2e_d
         assert again == reference(model, cases[0][0], 16, QUESTION)[1]
     finally:
         cluster.stop()
+
+
+def test_with_no_decode_worker_left_a_stream_ends_with_an_error_chunk_not_a_hang(e2e_dirs):
+    cluster = start_cluster(e2e_dirs["kimi_k25"])
+    try:
+        url, progress, lines = cluster.url, [0], []
+        pid, _ = worker_by_name(cluster, "decode-0")
+
+        def read() -> None:
+            with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=60,
+                              json={**body(400), "stream": True, "ignore_eos": True}) as reply:
+                for line in reply.iter_lines():
+                    lines.append(line)
+                    progress[0] += 1
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        until(lambda: progress[0] >= 5, 60, "stream never started")
+        os.kill(pid, signal.SIGKILL)
+        reader.join(30)
+        assert not reader.is_alive(), "the stream hung after its only decode worker died"
+        errors = [json.loads(line[6:])["error"] for line in lines if line.startswith('data: {"error"')]
+        data = [line for line in lines if line]
+        assert len(errors) == 1 and data[-1] == "data: [DONE]", data[-3:]
+        assert errors[0]["type"] == "service_unavailable", errors
+    finally:
+        cluster.stop()
