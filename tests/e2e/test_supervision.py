@@ -197,3 +197,22 @@ def test_with_no_decode_worker_left_a_stream_ends_with_an_error_chunk_not_a_hang
         assert errors[0]["type"] == "service_unavailable", errors
     finally:
         cluster.stop()
+
+
+def test_gives_up_on_a_worker_that_cannot_start_again_and_says_why(e2e_dirs, tmp_path):
+    """The checkpoint disappears under a running cluster: the killed decode worker fails at every
+    restart, and after repeated failures the launcher stops, naming the worker and the failures."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(e2e_dirs["kimi_k25"], model)
+    cluster = start_cluster(str(model))
+    try:
+        shutil.rmtree(model)
+        os.kill(worker_by_name(cluster, "decode-0")[0], signal.SIGKILL)
+        assert cluster.proc.wait(180) == 1
+        output = "".join(cluster.output)
+        assert "no decode worker left: gave up on decode-0: it failed 5 times in a row before becoming ready" \
+               in output, output[-3000:]
+    finally:
+        cluster.stop()
