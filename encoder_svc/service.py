@@ -70,22 +70,37 @@ class EncoderService:
         keys = [embedding_key(pixel_digest(im), self.fingerprint) for im in decoded]
         results: dict[str, EncodedImage] = {}
         missing: dict[str, Image.Image] = {}
-        for key, image in zip(keys, decoded, strict=True):
-            if key in results or key in missing:
-                continue
-            hit = self.store.get(key)
-            (metrics.EMBEDDING_CACHE_HITS if hit else metrics.EMBEDDING_CACHE_MISSES).labels(ROLE).inc()
-            if hit is not None:
-                results[key] = hit
-            else:
-                missing[key] = image
-        if missing:
-            computed = self.batcher.submit_many(list(missing.values()), timeout_s)
-            for key, out in zip(missing, computed, strict=True):
-                self.store.put(key, out, out.nbytes)
-                results[key] = out
-        metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
-        return [self._lease(key, results[key]) for key in keys]
+        pinned: set[str] = set()  # keys this request holds a pin on (taken atomically with the lookup / store)
+        try:
+            for key, image in zip(keys, decoded, strict=True):
+                if key in results or key in missing:
+                    continue
+                hit = self.store.get_and_pin(key)
+                (metrics.EMBEDDING_CACHE_HITS if hit else metrics.EMBEDDING_CACHE_MISSES).labels(ROLE).inc()
+                if hit is not None:
+                    results[key] = hit
+                    pinned.add(key)
+                else:
+                    missing[key] = image
+            if missing:
+                computed = self.batcher.submit_many(list(missing.values()), timeout_s)
+                for key, out in zip(missing, computed, strict=True):
+                    if self.store.put(key, out, out.nbytes, pin=True):
+                        pinned.add(key)
+                    results[key] = out
+            metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
+            leased = []
+            for key in keys:
+                # The first lease of a key takes over the pin held; a repeat pins again (safe: still held).
+                own_pin = key in pinned
+                pinned.discard(key)
+                if not own_pin:  # a repeat: the earlier lease's pin keeps it there, if it had one
+                    own_pin = self.store.pin(key)
+                leased.append(self._lease(key, results[key], own_pin))
+            return leased
+        finally:
+            for key in pinned:  # failed before every pin had its lease
+                self.store.unpin(key)
 
     def close(self) -> None:
         self.batcher.close()
@@ -108,18 +123,38 @@ class EncoderService:
             raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
         return rgb
 
-    def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage]:
+    def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage | Exception]:
+        """One forward for the batch; if it fails, each image alone, so a bad one fails only its request."""
         metrics.RUNNING.labels(ROLE).inc()
         try:
-            return self.encoder.encode(images)
+            try:
+                return self.encoder.encode(images)
+            except Exception:
+                if len(images) == 1:
+                    return [self._encode_alone(images[0])]
+            return [self._encode_alone(image) for image in images]
         finally:
             metrics.RUNNING.labels(ROLE).dec()
 
-    def _lease(self, key: str, image: EncodedImage) -> LeasedEmbedding:
+    def _encode_alone(self, image: Image.Image) -> EncodedImage | Exception:
+        try:
+            [out] = self.encoder.encode([image])
+            return out
+        except ValueError as exc:  # the processor refusing this image's shape (e.g. 1xN pixels): the input's fault
+            return InvalidInput(f"a {image.width}x{image.height} image cannot be processed by this model: {exc}")
+        except Exception as exc:  # anything else is ours: INTERNAL, retryable on another encoder
+            return exc
+
+    def _lease(self, key: str, image: EncodedImage, pinned: bool) -> LeasedEmbedding:
         # While a handle is out, the entry stays pinned: what prefill may still pull counts against the budget.
-        pinned = self.store.pin(key)
-        handle = self.sender.publish(list(image.tensors.items()), kind="embedding", ttl_s=self.config.lease_ttl_s,
-                                     on_release=(lambda: self.store.unpin(key)) if pinned else None)
+        try:
+            handle = self.sender.publish(list(image.tensors.items()), kind="embedding",
+                                         ttl_s=self.config.lease_ttl_s,
+                                         on_release=(lambda: self.store.unpin(key)) if pinned else None)
+        except BaseException:
+            if pinned:
+                self.store.unpin(key)
+            raise
         return LeasedEmbedding(key, image, handle)
 
 

@@ -51,9 +51,11 @@ class _Pending(Generic[T, R]):
 class MicroBatcher(Generic[T, R]):
     """Batches items from many threads into calls of ``fn(items) -> results`` on one worker thread.
 
-    ``fn`` must return one result per item, in order. If it raises, or returns the wrong number
-    of results, every item of that batch fails with that exception: results cannot be matched
-    to items any more, and a partial answer would be worse than an honest error.
+    ``fn`` must return one result per item, in order; a result that is an exception fails only
+    its own item (one bad input must not fail the requests it was batched with). If ``fn`` raises,
+    or returns the wrong number of results, every item of that batch fails with that exception:
+    results cannot be matched to items any more, and a partial answer would be worse than an
+    honest error.
 
     ``on_queue_depth`` is called under the batcher's lock, so successive depths reach a gauge in
     the order they happened; it must be quick and must not call back into the batcher.
@@ -227,7 +229,10 @@ class MicroBatcher(Generic[T, R]):
                 pending.fail(exc)
             return
         for pending, result in zip(batch, results, strict=True):
-            pending.resolve(result)
+            if isinstance(result, BaseException):
+                pending.fail(result)
+            else:
+                pending.resolve(result)
 
     def _report_batch(self, size: int) -> None:
         if self._on_batch is None:

@@ -4,6 +4,10 @@ Workers start first, each with port 0 and a ready file (so no port is guessed an
 router starts once every worker has written its file, and the URL is printed only when the
 router's /ready says every role has a ready worker. Children get PR_SET_PDEATHSIG, so even a
 SIGKILLed launcher leaves no orphan; SIGTERM / Ctrl-C stop them in order and wait, bounded.
+
+Once serving, a worker that dies is restarted (epd.supervision says when, and when to give up) on
+the address it had, so the router's health checks see the same worker return to ready; the rest
+keep serving meanwhile. The restarts are written to a file the router shows in /workers.
 """
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
+from epd.supervision import RestartPolicy, RestartState
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class ServeOptions:
     engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
     dtype: str = "auto"
     otlp_endpoint: str | None = None  # every process exports its traces here
+    restart: RestartPolicy = RestartPolicy()
 
     def __post_init__(self) -> None:
         for name in ("encoders", "prefills", "decodes"):
@@ -120,10 +126,31 @@ def _child_setup(cpus: tuple[int, ...] | None):
     return setup
 
 
+@dataclass(eq=False)
+class Child:
+    """One process of the cluster and what supervising it needs."""
+
+    name: str
+    role: str
+    args: list[str]  # its command line after `epd`, ports not pinned
+    proc: subprocess.Popen
+    ready_file: Path
+    address: str = ""  # once ready: where it serves (a restart binds the same ports)
+    metrics_port: int = 0
+    ready_at: float | None = None  # monotonic time it last became ready; None since its last start
+    started_at: float = 0.0
+    restart_at: float | None = None  # dead, to be started again at this monotonic time
+    gave_up: str = ""  # why it is not restarted any more
+    history: RestartState = field(default_factory=RestartState)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
 class Cluster:
     def __init__(self, options: ServeOptions) -> None:
         self.options = options
-        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.children: list[Child] = []
         self.stop_requested = False  # set from the signal handler; start() gives up at its next check
         self.run_dir = Path(tempfile.mkdtemp(prefix="epd-serve-"))
         self.affinity = (plan_affinity(options.cpu_affinity, options.processes(), available_cpus())
@@ -141,12 +168,17 @@ class Cluster:
                 args += ["--transfer", o.transfer]
             if role in ENGINE_ROLES:
                 args += list(o.engine_args)
-            self._spawn(name, args)
+            self._spawn(name, role, args, ready)
             workers.append(ready)
         infos = [self._wait_file(path) for path in workers]
+        now = time.monotonic()
+        for child, info in zip(self.children, infos, strict=True):
+            child.address, child.metrics_port, child.ready_at = info["address"], int(info["metrics_port"]), now
+        self.write_supervision()
         router_ready = self.run_dir / "router.json"
         args = ["router", "--model", o.model_dir, "--host", o.host, "--port", str(o.port),
-                "--grpc-port", str(o.grpc_port), "--ready-file", str(router_ready), "--log-level", o.log_level]
+                "--grpc-port", str(o.grpc_port), "--ready-file", str(router_ready), "--log-level", o.log_level,
+                "--supervision-file", str(self.supervision_file)]
         for info in infos:
             endpoint = f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"
             for role in ("encoder", "prefill", "decode") if info["role"] == "colocated" else (info["role"],):
@@ -154,7 +186,7 @@ class Cluster:
         for host in o.allow_url_hosts:
             args += ["--allow-url-host", host]
         args += self._tracing_args()
-        self._spawn("router", args)
+        self._spawn("router", "router", args, router_ready)
         router = self._wait_file(router_ready)
         url = f"http://{o.host}:{router['http_port']}"
         self._wait_ready(url)
@@ -163,11 +195,11 @@ class Cluster:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Router first (no new work), then workers; SIGKILL whatever outlives the timeout."""
-        for _, proc in reversed(self.children):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+        for child in reversed(self.children):
+            if child.alive():
+                child.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        for _, proc in reversed(self.children):
+        for proc in [c.proc for c in reversed(self.children)]:
             try:
                 proc.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
@@ -179,18 +211,89 @@ class Cluster:
         return ["--otlp-endpoint", self.options.otlp_endpoint] if self.options.otlp_endpoint else []
 
     def dead_child(self) -> tuple[str, int] | None:
-        for name, proc in self.children:
-            if proc.poll() is not None:
-                return name, proc.returncode
+        for child in self.children:
+            if not child.alive():
+                return child.name, child.proc.returncode
         return None
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, role: str, args: list[str], ready_file: Path) -> None:
+        self.children.append(Child(name, role, args, self._popen(name, args), ready_file,
+                                   started_at=time.monotonic()))
+
+    def _popen(self, name: str, args: list[str]) -> subprocess.Popen:
         # A session of its own: Ctrl-C in the terminal reaches only the launcher, which then stops
         # the router first and the workers after it, instead of every process racing to exit.
         cpus = self.affinity.get(name)
-        proc = subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=child_environment(os.environ, cpus, name.rsplit("-", 1)[0]))
-        self.children.append((name, proc))
+
+    @property
+    def supervision_file(self) -> Path:
+        return self.run_dir / "supervision.json"
+
+    def write_supervision(self) -> None:
+        """Per worker address: its name, restarts and state, for the router's /workers (atomic replace)."""
+        table = {c.address: {"name": c.name, "restarts": c.history.restarts,
+                             "state": "gave_up" if c.gave_up else "restarting" if c.restart_at else "running",
+                             "gave_up": c.gave_up} for c in self.children if c.address}
+        tmp = self.supervision_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"workers": table}))
+        tmp.replace(self.supervision_file)
+
+    def supervise(self) -> str | None:
+        """One look at every child once serving: note readiness, restart the dead when due.
+
+        Returns why the cluster must stop (the router died, or a role has no worker left), else None.
+        """
+        now, changed = time.monotonic(), False
+        for child in self.children:
+            if child.role == "router":
+                if not child.alive():
+                    return f"router exited with code {child.proc.returncode}"
+                continue
+            if child.gave_up:
+                continue
+            if child.alive():
+                if child.ready_at is None and child.ready_file.exists():
+                    child.ready_at = now
+                    print(f"epd serve: {child.name} is ready again at {child.address}", file=sys.stderr, flush=True)
+            elif child.restart_at is None:
+                changed = True
+                self._on_death(child, now)
+                if child.gave_up and not self._role_alive(child.role):
+                    self.write_supervision()
+                    return f"no {child.role} worker left: gave up on {child.name}: {child.gave_up}"
+            elif now >= child.restart_at:
+                changed = True
+                self._restart(child, now)
+        if changed:
+            self.write_supervision()
+        return None
+
+    def _on_death(self, child: Child, now: float) -> None:
+        code, was_ready = child.proc.returncode, child.ready_at is not None
+        delay = child.history.on_exit(self.options.restart, code, was_ready,
+                                      now - child.ready_at if was_ready else 0.0)
+        if delay is None:
+            child.gave_up = child.history.give_up_reason()
+            print(f"epd serve: {child.name} exited with code {code}; not restarting it: {child.gave_up}",
+                  file=sys.stderr, flush=True)
+            return
+        child.restart_at = now + delay
+        print(f"epd serve: {child.name} exited with code {code}; restarting it in {delay:.1f} s "
+              f"(the other workers keep serving)", file=sys.stderr, flush=True)
+
+    def _restart(self, child: Child, now: float) -> None:
+        """The same command on the same ports: the router's registry sees the address come back."""
+        child.ready_file.unlink(missing_ok=True)
+        port = child.address.rsplit(":", 1)[1]
+        args = [*child.args, "--port", port, "--metrics-port", str(child.metrics_port)]
+        child.proc, child.started_at = self._popen(child.name, args), now
+        child.restart_at, child.ready_at = None, None
+        child.history.restarts += 1
+
+    def _role_alive(self, role: str) -> bool:
+        return any(c.role == role and not c.gave_up for c in self.children)
 
     def _wait_file(self, path: Path) -> dict:
         deadline = time.monotonic() + self.options.start_timeout_s
@@ -225,7 +328,7 @@ class Cluster:
 
 
 def serve(options: ServeOptions) -> int:
-    """Run until SIGTERM / SIGINT or until a child dies; exit code 0 on a requested stop."""
+    """Run until SIGTERM / SIGINT, the router dies or a role is given up on; exit code 0 on a requested stop."""
     cluster = Cluster(options)
 
     def request_stop(*_) -> None:
@@ -241,9 +344,9 @@ def serve(options: ServeOptions) -> int:
         print(f"EPD cluster ready: {url}/v1 (OpenAI-compatible; gRPC Router at {cluster.grpc_address}); "
               f"Ctrl-C stops it", flush=True)
         while not cluster.stop_requested:
-            dead = cluster.dead_child()
-            if dead:
-                print(f"epd serve: {dead[0]} exited with code {dead[1]}; stopping the cluster", file=sys.stderr)
+            fatal = cluster.supervise()
+            if fatal:
+                print(f"epd serve: {fatal}; stopping the cluster", file=sys.stderr)
                 return 1
             time.sleep(0.2)
         return 0

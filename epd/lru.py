@@ -108,13 +108,14 @@ class ByteBudgetLRU(Generic[K, V]):
 
     # --- writing ------------------------------------------------------------------------------
 
-    def put(self, key: K, value: V, nbytes: int) -> bool:
+    def put(self, key: K, value: V, nbytes: int, pin: bool = False) -> bool:
         """Store ``value`` (replacing any entry for ``key``), evicting LRU unpinned entries to fit.
 
         All or nothing: when the item cannot fit even after evicting every other unpinned entry
         (it is larger than the budget, or the rest is pinned), nothing is evicted, any old entry
         for ``key`` stays as it was, and the result is False. A replaced entry keeps its pins:
-        they protect the key's slot, which the holders still expect to find.
+        they protect the key's slot, which the holders still expect to find. `pin`: also pin it,
+        under the same lock (nothing can evict it between the two).
         """
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
@@ -128,6 +129,8 @@ class ByteBudgetLRU(Generic[K, V]):
                 self._bytes_used -= old.nbytes
             self._entries[key] = _Entry(value, nbytes)
             self._bytes_used += nbytes
+            if pin:
+                self._pins[key] = self._pins.get(key, 0) + 1
         self._notify_evicted(evicted)
         return True
 

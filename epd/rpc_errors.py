@@ -21,20 +21,54 @@ class Overloaded(RuntimeError):
     """A bounded queue or table is full; the caller may retry elsewhere or later."""
 
 
+class Cancelled(RuntimeError):
+    """The caller went away; the work was dropped (nobody reads the answer)."""
+
+
 def status_for(exc: BaseException) -> grpc.StatusCode:
     from epd.batcher import QueueFull
     from epd.transfer.errors import TransferError
     from epd.transfer.leases import LeaseTableFull
 
     if isinstance(exc, TransferError):
-        return exc.code
-    if isinstance(exc, InvalidInput | ValueError):
+        return transfer_status(exc)
+    if isinstance(exc, InvalidInput):  # only what the request got wrong; a stray ValueError is our bug
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(exc, Overloaded | QueueFull | LeaseTableFull):
         return grpc.StatusCode.RESOURCE_EXHAUSTED
     if isinstance(exc, TimeoutError):
         return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, Cancelled):
+        return grpc.StatusCode.CANCELLED
     return grpc.StatusCode.INTERNAL
+
+
+# Trailing metadata naming the peer whose failure this is (the owner of a transfer that failed), so
+# the router marks that peer failed, not the healthy worker that reported it.
+FAILED_PEER_KEY = "epd-failed-peer"
+
+
+def transfer_status(exc) -> grpc.StatusCode:
+    """How a puller reports a transfer that failed: the request can be retried (ABORTED), not "not found".
+
+    The owner died (UNAVAILABLE), its lease expired (NOT_FOUND) or the pull ran out of time or bytes:
+    the request is fine, the data it needed is gone. Only a handle inconsistent with its metadata
+    is the caller's error.
+    """
+    if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if exc.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    return grpc.StatusCode.ABORTED
+
+
+def failed_peer(exc: BaseException) -> str:
+    """The address to blame instead of this worker, or "" (only a transfer whose owner is unreachable)."""
+    from epd.transfer.errors import TransferError
+
+    if isinstance(exc, TransferError) and exc.code == grpc.StatusCode.UNAVAILABLE:
+        return exc.owner_address
+    return ""
 
 
 class ErrorMappingInterceptor(grpc.ServerInterceptor):
@@ -70,6 +104,9 @@ def _abort(context: grpc.ServicerContext, exc: Exception, method: str, count):
     if code == grpc.StatusCode.INTERNAL:
         log.exception("%s failed", method)
     count(code.name.lower())
+    peer = failed_peer(exc)
+    if peer:
+        context.set_trailing_metadata(((FAILED_PEER_KEY, peer),))
     context.abort(code, str(exc) or type(exc).__name__)
 
 

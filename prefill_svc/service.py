@@ -6,7 +6,8 @@ lease the finished prompt's KV blocks to the decode worker.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from epd import metrics
@@ -15,12 +16,13 @@ from epd.engine.loop import EngineLoop
 from epd.engine.params import SamplingParams
 from epd.engine.sequence import Finish
 from epd.lru import ByteBudgetLRU
-from epd.rpc_errors import InvalidInput, Overloaded
+from epd.rpc_errors import Cancelled, InvalidInput, Overloaded
 from epd.transfer.receiver import TransferReceiver
 from epd.transfer.sender import TransferSender
 from prefill_svc.config import PrefillConfig
 
 ROLE = "prefill"
+_POLL_S = 0.25  # how often a waiting prefill checks that its caller is still there
 
 
 @dataclass(frozen=True)
@@ -71,29 +73,38 @@ class PrefillService:
             raise RuntimeError(f"warm-up prefill ended with {out.finish} and no KV")
 
     def prefill(self, request_id: str, token_ids: list[int], images: list[ImageEmbedding], params: SamplingParams,
-                stop_token_ids: Sequence[int], timeout_s: float) -> PrefillResult:
+                stop_token_ids: Sequence[int], timeout_s: float,
+                is_active: Callable[[], bool] = lambda: True) -> PrefillResult:
+        """`is_active`: False once the caller is gone (then the prompt is aborted, its blocks freed)."""
         if not request_id:
             raise InvalidInput("request_id is empty; the engine keys requests by it")
         self._validate(token_ids, images)
         if not self._in_flight.acquire(blocking=False):
             raise Overloaded(f"{self.max_in_flight} prefills already in flight; try again later")
         try:
-            return self._prefill(request_id, token_ids, images, params, stop_token_ids, timeout_s)
+            return self._prefill(request_id, token_ids, images, params, stop_token_ids, timeout_s, is_active)
         finally:
             self._in_flight.release()
 
     def _prefill(self, request_id: str, token_ids: list[int], images: list[ImageEmbedding], params: SamplingParams,
-                 stop_token_ids: Sequence[int], timeout_s: float) -> PrefillResult:
+                 stop_token_ids: Sequence[int], timeout_s: float, is_active: Callable[[], bool]) -> PrefillResult:
         encoded = [self._embedding(im, timeout_s) for im in images]
         seq = self.engine.new_sequence(request_id, token_ids, params, encoded, [im.start for im in images],
                                        digests=[im.digest for im in images], extra_stop_ids=stop_token_ids,
                                        handoff=True)
         stream = self.loop.submit(seq)
-        try:
-            out = stream.get(timeout_s)
-        except TimeoutError:
-            self.loop.abort(request_id)
-            raise
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not is_active():  # past the deadline or the caller left: free the blocks now
+                self.loop.abort(request_id)
+                raise TimeoutError(f"prefill of {len(token_ids)} tokens not done in {timeout_s:.1f} s") \
+                    if left <= 0 else Cancelled("the caller went away during the prefill")
+            try:
+                out = stream.get(min(left, _POLL_S))
+                break
+            except TimeoutError:
+                continue
         if out.finish is not Finish.HANDOFF:
             return PrefillResult(out.token, out.finish.value, len(token_ids))
         handle = self.sender.publish(out.kv, kind="kv", ttl_s=self.config.kv_lease_ttl_s)

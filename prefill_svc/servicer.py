@@ -27,7 +27,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                                                   strict=True)]
         result = self.service.prefill(request.request_id, list(request.token_ids), images,
                                       sampling_from_pb(request.sampling), tuple(request.sampling.stop_token_ids),
-                                      timeout_s)
+                                      timeout_s, context.is_active)
+        if result.kv_handle is not None and not context.is_active():  # the router left: nobody will pull it
+            self.service.sender.release(result.kv_handle.handle_id)
         return to_pb(request.request_id, result)
 
 

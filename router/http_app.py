@@ -100,8 +100,13 @@ def create_app(gateway: Gateway, lifespan=None) -> FastAPI:
     return app
 
 
+# Saturated (429) or without a live worker (503): when to come back, as RFC 9110 says a server may.
+RETRY_AFTER_S = 1
+
+
 def _error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
 
 
 def _upstream_error(exc: UpstreamError) -> JSONResponse:

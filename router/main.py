@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrent-requests", type=int, default=512,
                    help="requests worked on at once; beyond this the router answers 429 at once")
     p.add_argument("--ready-file", default=None)
+    p.add_argument("--supervision-file", default=None, metavar="PATH",
+                   help="JSON a launcher (epd serve) keeps of each worker's restarts, shown in /workers")
     p.add_argument("--otlp-endpoint", default=env_default("otlp_endpoint", None), metavar="HOST:PORT",
                    help="export OpenTelemetry traces to this OTLP/gRPC collector (default: no tracing)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))
@@ -103,7 +105,7 @@ def build_gateway(args: argparse.Namespace):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     image_token_id = int(config.image_token_id)
-    registry = WorkerRegistry(specs)
+    registry = WorkerRegistry(specs, supervision_file=args.supervision_file)
     discovery = discovery_sources(args, registry)
     orchestrator = Orchestrator(registry, image_token_id, encoder_policy=args.encoder_policy,
                                 prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)

@@ -14,6 +14,7 @@ channel closed) once its requests in flight are done.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -70,8 +71,9 @@ class Worker:
 
 class WorkerRegistry:
     def __init__(self, specs: list[WorkerSpec], interval_s: float = 1.0, check_timeout_s: float = 1.0,
-                 eject_after: int = 3) -> None:
+                 eject_after: int = 3, supervision_file: str | None = None) -> None:
         self.specs = specs  # the static members, from the command line
+        self.supervision_file = supervision_file  # written by `epd serve`: restarts per worker address
         self.interval_s = interval_s
         self.check_timeout_s = check_timeout_s
         self.eject_after = eject_after
@@ -126,8 +128,20 @@ class WorkerRegistry:
         worker.last_error = reason
 
     def snapshot(self) -> list[dict]:
+        supervised = self._supervision()
         return [{"role": w.role, "address": w.address, "metrics_url": w.spec.metrics_url, "state": w.state,
-                 "outstanding": w.outstanding, "last_error": w.last_error} for w in self.workers]
+                 "outstanding": w.outstanding, "last_error": w.last_error,
+                 "restarts": supervised.get(w.address, {}).get("restarts", 0)} for w in self.workers]
+
+    def _supervision(self) -> dict[str, dict]:
+        """The launcher's table (address -> {name, restarts, state}); empty without one or while unreadable."""
+        if not self.supervision_file:
+            return {}
+        try:
+            with open(self.supervision_file) as f:
+                return dict(json.load(f)["workers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return {}
 
     async def poll_once(self) -> None:
         await self._drop_drained()

@@ -28,6 +28,14 @@ class EncodedImage:
         return int(self.tensors["pooler_output"].shape[0])
 
 
+def owned(t: torch.Tensor) -> torch.Tensor:
+    """`t` in storage of its own: a slice of the batch's output would keep the whole batch alive in a
+    cache that charges it only its own bytes."""
+    if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class ImageEncoder:
     """Runs a batch of images through the processor it owns and the vision side of the model."""
 
@@ -48,7 +56,7 @@ class ImageEncoder:
         )
         per_image = self.encoder.adapter.split_output(output, len(images))
         return [
-            EncodedImage(tensors={k: v.contiguous() for k, v in tensors.items()},
+            EncodedImage(tensors={k: owned(v) for k, v in tensors.items()},
                          grid_thw=tuple(int(x) for x in grid))
             for tensors, grid in zip(per_image, grids.tolist(), strict=True)
         ]

@@ -2,8 +2,8 @@
 
 Pure bookkeeping (no torch, no protobuf) so the rules can be unit-tested with a fake clock:
 a handle is freed exactly once, by whichever comes first of the receiver's ack (`release`), its
-TTL (`reap`, or a `get` that finds it expired) or shutdown (`close`). The table is bounded so a
-receiver that never acks cannot grow the owner's memory without limit.
+TTL (`reap`, or a `get` that finds it expired) or shutdown (`close`). The table is bounded, in
+entries and in bytes, so a receiver that never acks cannot grow the owner's memory without limit.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class _Entry:
     payload: object
     expires_at: float
     on_free: FreeCallback | None
+    nbytes: int = 0
 
 
 class LeaseTable:
@@ -44,39 +45,57 @@ class LeaseTable:
         self,
         *,
         max_entries: int = 4096,
+        max_bytes: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_reaped: Callable[[int], None] | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be >= 1, got {max_entries}")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self._max_entries = max_entries
+        self._max_bytes = max_bytes  # None: bounded by count only
+        self._bytes = 0
         self._clock = clock
         self._on_reaped = on_reaped
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self._closed = False
 
-    def issue(self, payload: object, ttl_s: float, on_free: FreeCallback | None = None) -> str:
-        """Store `payload` for `ttl_s` seconds; returns a new random hex handle id.
+    def issue(self, payload: object, ttl_s: float, on_free: FreeCallback | None = None, nbytes: int = 0) -> str:
+        """Store `payload` (`nbytes` big) for `ttl_s` seconds; returns a new random hex handle id.
 
-        Raises LeaseTableFull when `max_entries` unexpired entries are held (expired ones are reaped
-        first, so only live leases count), RuntimeError after `close`. On any raise the payload is
+        Raises LeaseTableFull when `max_entries` unexpired entries are held or `nbytes` more would
+        pass `max_bytes` (expired ones are reaped first, so only live leases count), RuntimeError
+        after `close`. On any raise the payload is
         not stored and `on_free` is not called: the caller still owns it.
         """
         if not ttl_s > 0:
             raise ValueError(f"lease ttl_s must be > 0, got {ttl_s}")
-        if len(self) >= self._max_entries:
+        if len(self) >= self._max_entries or not self._fits(nbytes):
             self.reap()
         with self._lock:
             if self._closed:
                 raise RuntimeError("lease table is closed")
             if len(self._entries) >= self._max_entries:
                 raise LeaseTableFull(f"{len(self._entries)} leases are active (max_entries={self._max_entries})")
+            if not self._fits(nbytes):
+                raise LeaseTableFull(f"{self._bytes} bytes are leased; {nbytes} more would pass max_bytes="
+                                     f"{self._max_bytes}")
+            self._bytes += nbytes
             handle_id = secrets.token_hex(16)
             while handle_id in self._entries:  # 128 random bits: a collision is astronomically rare
                 handle_id = secrets.token_hex(16)
-            self._entries[handle_id] = _Entry(payload, self._clock() + ttl_s, on_free)
+            self._entries[handle_id] = _Entry(payload, self._clock() + ttl_s, on_free, nbytes)
         return handle_id
+
+    def _fits(self, nbytes: int) -> bool:
+        return self._max_bytes is None or self._bytes + nbytes <= self._max_bytes
+
+    @property
+    def bytes_held(self) -> int:
+        with self._lock:
+            return self._bytes
 
     def get(self, handle_id: str) -> object | None:
         """The payload of a live lease; None when unknown or expired (an expired one is freed now)."""
@@ -124,6 +143,8 @@ class LeaseTable:
 
     def _free(self, entries: list[_Entry], *, reaped: bool) -> None:
         # Entries were already removed under the lock, so each reaches exactly one caller of _free.
+        with self._lock:
+            self._bytes -= sum(entry.nbytes for entry in entries)
         for entry in entries:
             if entry.on_free is None:
                 continue

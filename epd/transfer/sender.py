@@ -43,6 +43,7 @@ class TransferSender:
         owner_address: str,
         *,
         max_leases: int = 4096,
+        max_lease_bytes: int | None = 16 << 30,
         shm_dir: str = "/dev/shm",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -52,7 +53,8 @@ class TransferSender:
         self.owner_address = owner_address
         self.shm_dir = shm_dir
         self._tables = {
-            kind: LeaseTable(max_entries=max_leases, clock=clock, on_reaped=REAPED.labels(kind=kind).inc)
+            kind: LeaseTable(max_entries=max_leases, max_bytes=max_lease_bytes, clock=clock,
+                             on_reaped=REAPED.labels(kind=kind).inc)
             for kind in KINDS
         }
         self._stop = threading.Event()
@@ -69,7 +71,8 @@ class TransferSender:
         """Lease `tensors` (in order) for `ttl_s` seconds and return the handle a receiver fetches.
 
         Raises ValueError for an unknown kind, a dtype with no wire type or a bad ttl,
-        LeaseTableFull when `max_leases` of this kind are active, RuntimeError after `close`.
+        LeaseTableFull when `max_leases` of this kind are active or they would hold more than
+        `max_lease_bytes`, RuntimeError after `close`.
         If it raises, nothing is held and `on_release` is not called.
         """
         table = self._tables[check_kind(kind)]
@@ -84,7 +87,7 @@ class TransferSender:
         # Count before issuing: a reaper may free the lease the instant it is in the table.
         LEASES_ACTIVE.labels(kind=kind).inc()
         try:
-            handle_id = table.issue(lease, ttl_s, on_free=self._free)
+            handle_id = table.issue(lease, ttl_s, on_free=self._free, nbytes=sum(nbytes))
         except BaseException:
             LEASES_ACTIVE.labels(kind=kind).dec()
             self._free_source(source)

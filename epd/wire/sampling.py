@@ -7,7 +7,16 @@ from epd.v1 import common_pb2
 
 
 def sampling_from_pb(pb: common_pb2.SamplingParams) -> SamplingParams:
-    """ValueError (→ INVALID_ARGUMENT) names the offending value."""
+    """InvalidInput (→ INVALID_ARGUMENT) names the offending value."""
+    from epd.rpc_errors import InvalidInput
+
+    try:
+        return _sampling(pb)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _sampling(pb: common_pb2.SamplingParams) -> SamplingParams:
     return SamplingParams(
         temperature=pb.temperature,
         top_p=pb.top_p or 1.0,

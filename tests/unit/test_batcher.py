@@ -246,3 +246,11 @@ def test_invalid_parameters():
     batcher = MicroBatcher(fn, max_batch=1, max_wait_s=0.0, max_queue=1)
     with pytest.raises(ValueError, match="timeout_s must be > 0, got 0"):
         batcher.submit(1, timeout_s=0)
+
+
+def test_an_exception_as_a_result_fails_only_its_own_item(make_batcher, pool):
+    bad = ValueError("item 2 cannot be processed")
+    batcher = make_batcher(lambda items: [bad if x == 2 else 10 * x for x in items], max_batch=4, max_wait_s=0.2)
+    futures = [pool.submit(batcher.submit, i, 10.0) for i in range(4)]
+    assert futures[2].exception(10.0) is bad
+    assert [f.result(10.0) for i, f in enumerate(futures) if i != 2] == [0, 10, 30]

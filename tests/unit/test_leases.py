@@ -183,3 +183,16 @@ def test_concurrent_release_reap_and_close_free_each_lease_exactly_once(clock, r
     assert rec.freed == Counter({i: 1 for i in range(2000)})
     assert sum(rec.reaped) == 1000  # every odd (expired) lease counted as reaped, whoever found it
     assert len(table) == 0
+
+
+def test_leases_are_bounded_by_bytes_too(clock, rec):
+    table = LeaseTable(max_entries=100, max_bytes=1000, clock=clock)
+    first = table.issue("a", 10.0, rec.on_free, nbytes=600)
+    with pytest.raises(LeaseTableFull, match="max_bytes=1000"):
+        table.issue("b", 10.0, rec.on_free, nbytes=500)
+    assert table.bytes_held == 600 and len(table) == 1  # the refused one holds nothing
+    assert table.release(first)
+    table.issue("b", 10.0, rec.on_free, nbytes=500)
+    clock.now += 11  # expired leases make room: they are reaped before refusing
+    table.issue("c", 10.0, rec.on_free, nbytes=900)
+    assert table.bytes_held == 900

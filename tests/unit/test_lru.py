@@ -325,3 +325,14 @@ def test_concurrent_puts_keep_accounting_exact():
     assert cache.bytes_used <= 1000
     # Every live (t, i) was last written with a value whose size we can recompute.
     assert cache.bytes_used == sum(7 + (cache.get(k) % 13) for k in live)
+
+
+def test_put_can_pin_under_the_same_lock():
+    from epd.lru import ByteBudgetLRU
+
+    cache = ByteBudgetLRU(100)
+    assert cache.put("a", "A", 60, pin=True)
+    assert cache.pin_count("a") == 1
+    assert not cache.put("b", "B", 60)  # "a" is pinned: it cannot be evicted to make room
+    cache.unpin("a")
+    assert cache.put("b", "B", 60) and "a" not in cache

@@ -15,6 +15,7 @@ from router.errors import RequestError, error_body, http_status_for
     [
         (grpc.StatusCode.INVALID_ARGUMENT, (400, "invalid_request_error")),
         (grpc.StatusCode.NOT_FOUND, (404, "not_found_error")),
+        (grpc.StatusCode.ABORTED, (503, "service_unavailable")),  # a failed transfer: retry the request
         (grpc.StatusCode.RESOURCE_EXHAUSTED, (429, "rate_limit_error")),
         (grpc.StatusCode.UNAVAILABLE, (503, "service_unavailable")),
         (grpc.StatusCode.DEADLINE_EXCEEDED, (504, "timeout")),

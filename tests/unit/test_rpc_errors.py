@@ -8,7 +8,7 @@ import grpc
 import pytest
 
 from epd.batcher import QueueFull
-from epd.rpc_errors import ErrorMappingInterceptor, InvalidInput, Overloaded, status_for
+from epd.rpc_errors import FAILED_PEER_KEY, Cancelled, ErrorMappingInterceptor, InvalidInput, Overloaded, status_for
 from epd.transfer.errors import TransferError
 from epd.transfer.leases import LeaseTableFull
 
@@ -20,7 +20,8 @@ Code = grpc.StatusCode
 
 @pytest.mark.parametrize("exc, code", [
     (InvalidInput("bad"), Code.INVALID_ARGUMENT),
-    (ValueError("bad"), Code.INVALID_ARGUMENT),
+    (ValueError("bad"), Code.INTERNAL),  # a stray ValueError is a fault of ours, not the caller's input
+    (Cancelled("gone"), Code.CANCELLED),
     (Overloaded("full"), Code.RESOURCE_EXHAUSTED),
     (QueueFull("full"), Code.RESOURCE_EXHAUSTED),
     (LeaseTableFull("full"), Code.RESOURCE_EXHAUSTED),
@@ -33,10 +34,15 @@ def test_status_for(exc, code):
     assert status_for(exc) is code
 
 
-@pytest.mark.parametrize("code", [Code.NOT_FOUND, Code.UNAVAILABLE, Code.DATA_LOSS, Code.DEADLINE_EXCEEDED,
-                                  Code.INVALID_ARGUMENT])
-def test_transfer_error_carries_its_own_code(code):
-    assert status_for(TransferError(code, "gone", handle_id="h1", owner_address="10.0.0.1:5")) is code
+@pytest.mark.parametrize("code, reported", [
+    (Code.NOT_FOUND, Code.ABORTED),  # an expired lease: the request is fine, retry it (never "not found")
+    (Code.UNAVAILABLE, Code.ABORTED),  # the owner died: the puller is healthy
+    (Code.DATA_LOSS, Code.ABORTED),
+    (Code.DEADLINE_EXCEEDED, Code.DEADLINE_EXCEEDED),
+    (Code.INVALID_ARGUMENT, Code.INVALID_ARGUMENT),  # handle and metadata disagree: the caller's error
+])
+def test_a_failed_transfer_is_reported_as_retryable_not_as_the_owners_status(code, reported):
+    assert status_for(TransferError(code, "gone", handle_id="h1", owner_address="10.0.0.1:5")) is reported
 
 
 def test_transfer_error_message_names_handle_and_owner():
@@ -69,6 +75,10 @@ def unary(request: bytes, context: grpc.ServicerContext) -> bytes:
         raise TimeoutError("waited 1.0 s for the model without getting a turn")
     if what == "transfer":
         raise TransferError(Code.DATA_LOSS, "short read", handle_id="h9", owner_address="o:1")
+    if what == "owner-died":
+        raise TransferError(Code.UNAVAILABLE, "pull failed", handle_id="h9", owner_address="10.0.0.7:5")
+    if what == "bug":
+        raise ValueError("too many values to unpack")
     if what == "abort":
         context.abort(Code.NOT_FOUND, "no such handle")
     raise AssertionError(what)
@@ -146,12 +156,20 @@ def test_unary_success_passes_through(channel):
     ("boom", Code.INTERNAL, "kaput"),
     ("empty", Code.INTERNAL, "RuntimeError"),  # no message: the type's name, never an empty status
     ("timeout", Code.DEADLINE_EXCEEDED, "waited 1.0 s for the model without getting a turn"),
-    ("transfer", Code.DATA_LOSS, "short read (transfer handle 'h9' owned by o:1)"),
+    ("transfer", Code.ABORTED, "short read (transfer handle 'h9' owned by o:1)"),
+    ("bug", Code.INTERNAL, "too many values to unpack"),
     ("abort", Code.NOT_FOUND, "no such handle"),  # the servicer's own abort is left untouched
 ])
 def test_unary_error_becomes_status(channel, what, code, details):
     error = call_unary(channel, what)
     assert (error.code(), error.details()) == (code, details)
+
+
+def test_a_transfer_whose_owner_died_names_the_owner_in_the_trailers(channel):
+    error = call_unary(channel, "owner-died")
+    assert error.code() is Code.ABORTED
+    assert dict(error.trailing_metadata())[FAILED_PEER_KEY] == "10.0.0.7:5"
+    assert FAILED_PEER_KEY not in dict(call_unary(channel, "transfer").trailing_metadata() or ())
 
 
 def test_stream_success_passes_through(channel):

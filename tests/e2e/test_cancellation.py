@@ -1,0 +1,155 @@
+"""Clients that leave mid-request free what their request held at once, not at a TTL: KV blocks on
+both engines, KV and embedding leases, shm segments — read from every worker's /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.cluster import start_cluster
+from tests.e2e.conftest import data_url, pattern_image
+
+
+def metric_sum(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                total += sample.value
+    return total
+
+
+def held(url: str) -> dict[str, float]:
+    """What the cluster's workers hold for requests, summed over workers (0 everywhere when idle)."""
+    out = {"kv_blocks_used": 0.0, "kv_leases": 0.0, "embedding_leases": 0.0, "shm_segments": 0.0, "reaped": 0.0}
+    for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]:
+        text = httpx.get(w["metrics_url"], timeout=10).text
+        out["kv_blocks_used"] += metric_sum(text, "epd_kv_blocks_used")
+        out["kv_leases"] += metric_sum(text, "epd_leases_active", kind="kv")
+        out["embedding_leases"] += metric_sum(text, "epd_leases_active", kind="embedding")
+        out["shm_segments"] += metric_sum(text, "epd_shm_segments_active")
+        out["reaped"] += metric_sum(text, "epd_reaped_total")
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(e2e_dirs):
+    running = start_cluster(e2e_dirs["kimi_k25"], "--transfer", "shm")
+    yield running
+    running.stop()
+
+
+async def leave_early(client: httpx.AsyncClient, url: str, index: int, rng: random.Random) -> str:
+    """One streamed request given up on: after its first chunk, or at a random moment before it."""
+    content = [{"type": "text", "text": f"Tell me a long story, number {index}."}]
+    if index % 3 == 0:
+        content.insert(0, {"type": "image_url", "image_url": {"url": data_url(pattern_image(index))}})
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 200, "stream": True,
+            "temperature": 0}
+
+    async def first_chunk() -> str:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
+            async for line in reply.aiter_lines():
+                if line.startswith("data: "):
+                    return "after-first-chunk"
+        return "finished"
+
+    if index % 2:
+        return await first_chunk()
+    try:  # cancelled wherever it is: encoding, prefilling, being admitted, decoding
+        return await asyncio.wait_for(first_chunk(), rng.uniform(0.0, 0.3))
+    except TimeoutError:
+        return "early"
+
+
+async def disconnects(url: str, n: int, concurrency: int) -> list[str]:
+    rng, gate = random.Random(5), asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=60) as client:
+        async def one(i: int) -> str:
+            async with gate:
+                return await leave_early(client, url, i, rng)
+
+        return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def peak_while(url: str, work) -> dict[str, float]:
+    """Run `work()` while sampling `held`; the largest value each entry reached."""
+    import threading
+
+    peak: dict[str, float] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            for k, v in held(url).items():
+                peak[k] = max(peak.get(k, 0.0), v)
+            time.sleep(0.05)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        work()
+    finally:
+        done.set()
+        sampler.join()
+    return peak
+
+
+def test_a_hundred_disconnects_leave_nothing_held(cluster):
+    url = cluster.url
+    assert held(url) == {"kv_blocks_used": 0, "kv_leases": 0, "embedding_leases": 0, "shm_segments": 0,
+                         "reaped": 0}
+    outcomes: list[str] = []
+    peak = peak_while(url, lambda: outcomes.extend(asyncio.run(disconnects(url, 100, concurrency=16))))
+    assert outcomes.count("finished") == 0, outcomes  # every client left before its stream ended
+    assert outcomes.count("early") > 10, outcomes
+    assert peak["kv_blocks_used"] > 0 and peak["embedding_leases"] + peak["kv_leases"] > 0, peak  # the gauges move
+    print(f"peak while clients came and went: {peak}")
+    left_at = time.monotonic()
+    while (now := held(url)) != {**now, "kv_blocks_used": 0, "kv_leases": 0, "embedding_leases": 0,
+                                 "shm_segments": 0}:
+        assert time.monotonic() - left_at < 2.0, f"still held 2 s after the last client left: {now}"
+        time.sleep(0.1)
+    assert now["reaped"] == 0  # freed by the cancellations, not by a TTL
+    reply = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert reply.status_code == 200, reply.text
+
+
+def test_prefills_whose_caller_left_publish_no_kv(cluster, e2e_dirs):
+    """Prefill calls cancelled while queued on the engine: their prompts are dropped and no KV lease
+    is left behind for the TTL to find (each would otherwise hold its blocks' copy for 60 s)."""
+    import grpc
+
+    from epd.v1 import prefill_pb2, prefill_pb2_grpc
+
+    url = cluster.url
+    image_token = json.loads((Path(e2e_dirs["kimi_k25"]) / "config.json").read_text())["image_token_id"]
+    text_ids = [t for t in range(1, 1000) if t != image_token]
+    prefill = next(w for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"] if w["role"] == "prefill")
+
+    async def cancelled_prefills(n: int) -> None:
+        async with grpc.aio.insecure_channel(prefill["address"]) as channel:
+            stub = prefill_pb2_grpc.PrefillStub(channel)
+            prompts = [[text_ids[(7 * i + j) % len(text_ids)] for j in range(1500)] for i in range(n)]
+            calls = [stub.Prefill(prefill_pb2.PrefillRequest(request_id=f"gone-{i}", token_ids=ids), timeout=30)
+                     for i, ids in enumerate(prompts)]
+            await asyncio.sleep(0.05)  # sent and queued behind each other on the engine
+            for call in calls:
+                call.cancel()
+            for call in calls:
+                with pytest.raises(asyncio.CancelledError):
+                    await call
+
+    asyncio.run(cancelled_prefills(12))
+    left_at = time.monotonic()
+    while (now := held(url))["kv_leases"] or now["kv_blocks_used"]:
+        assert time.monotonic() - left_at < 2.0, f"still held 2 s after the callers left: {now}"
+        time.sleep(0.1)
