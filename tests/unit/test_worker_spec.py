@@ -149,9 +149,9 @@ def test_snapshot_reports_every_worker():
     registry.mark_failed(w2, "UNAVAILABLE: refused")
     assert registry.snapshot() == [
         {"role": "encoder", "address": "e:1", "metrics_url": "http://e:9/metrics", "state": "ready",
-         "outstanding": 2, "last_error": ""},
+         "outstanding": 2, "last_error": "", "restarts": 0},
         {"role": "decode", "address": "d:1", "metrics_url": "", "state": "unhealthy", "outstanding": 0,
-         "last_error": "UNAVAILABLE: refused"},
+         "last_error": "UNAVAILABLE: refused", "restarts": 0},
     ]
 
 
