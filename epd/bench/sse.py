@@ -67,13 +67,14 @@ def _tokens_in(choices: list) -> int:
     A chunk carries tokens when it has text, or token ids, or an empty `content` without `role`:
     our gateway sends such a chunk when the detokenizer holds a token's bytes back (a split UTF-8
     character). The opening `{"role": "assistant", "content": ""}` (ours and vLLM's) carries none.
-    Servers that return `token_ids` per delta get an exact count; otherwise a chunk counts as one.
+    Servers that return `token_ids` (vLLM's shape, and ours: on the choice; older servers put them
+    in the delta) get an exact count; otherwise a chunk counts as one.
     """
     if not choices or not isinstance(choices[0], dict):
         return 0
     choice = choices[0]
     delta = choice.get("delta") or {}
-    ids = delta.get("token_ids")
+    ids = choice.get("token_ids") or delta.get("token_ids")
     if ids:
         return len(ids)
     content = delta.get("content")

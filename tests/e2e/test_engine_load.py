@@ -23,7 +23,8 @@ def _stream_ids(client: openai.OpenAI, family: str, image: int | None, text: str
     stream = client.chat.completions.create(
         model=family, messages=openai_messages(urls, text), max_tokens=TOKENS, temperature=0, stream=True,
         extra_body={"return_token_ids": True})
-    return [t for chunk in stream for c in chunk.choices for t in ((c.delta.model_extra or {}).get("token_ids") or [])]
+    # token_ids ride on the stream choice (vLLM's shape), not in the delta
+    return [t for chunk in stream for c in chunk.choices for t in ((c.model_extra or {}).get("token_ids") or [])]
 
 
 def _requests(count: int) -> list[tuple[int | None, str]]:

@@ -32,8 +32,9 @@ def test_role_chunk_carries_no_token_and_content_chunks_one_each():
 
 
 def test_token_ids_give_an_exact_count():
-    chunk = {"choices": [{"index": 0, "delta": {"content": "ab", "token_ids": [5, 6, 7]}}]}
-    assert parse_chunk(data(chunk)).tokens == 3
+    on_choice = {"choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [5, 6, 7]}]}  # vLLM, ours
+    in_delta = {"choices": [{"index": 0, "delta": {"content": "ab", "token_ids": [5, 6]}}]}  # older servers
+    assert (parse_chunk(data(on_choice)).tokens, parse_chunk(data(in_delta)).tokens) == (3, 2)
 
 
 def test_an_empty_content_without_role_is_a_held_back_token():
