@@ -70,3 +70,5 @@ def test_kubernetes_runs_the_documented_image_as_the_dockerfile_user():
     assert {f"epd-cluster:{t}" for t in tags} <= documented, tags
     uid = [rest for word, rest in stages()[-1] if word == "USER"][-1].split(":")[0]
     assert set(re.findall(r"runAsUser:\s*(\d+)", manifests)) == {uid}
+    readme = (ROOT / "deploy" / "README.md").read_text()
+    assert "docker build -f deploy/docker/Dockerfile" in readme and "-t epd-cluster:0.1.0 ." in readme
