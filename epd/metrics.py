@@ -47,6 +47,7 @@ TRANSFER_SECONDS = Histogram("epd_transfer_seconds", "Time of one transfer (all 
 ENCODER_BATCH_SIZE = Histogram("epd_encoder_batch_size", "Images per vision-tower forward",
                                buckets=(1, 2, 4, 8, 16, 32, 64))
 REAPED = Counter("epd_reaped", "Leases freed by their TTL rather than by an ack", ["kind"])
+WORKERS = Gauge("epd_workers", "Router: workers it knows, by role and state", ["role", "state"])
 
 
 def serve_metrics(host: str, port: int) -> int:

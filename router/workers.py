@@ -24,6 +24,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from epd import tls
 from epd.worker import GRPC_OPTIONS
 
+WORKER_STATES = ("starting", "ready", "unhealthy", "ejected", "draining")
+
 log = logging.getLogger(__name__)
 ROLES = ("encoder", "prefill", "decode")
 
@@ -146,6 +148,15 @@ class WorkerRegistry:
     async def poll_once(self) -> None:
         await self._drop_drained()
         await asyncio.gather(*(self._check(w) for w in self.workers if w.state != "draining"))
+        self.export_states()
+
+    def export_states(self) -> None:
+        """`epd_workers{role, state}`: every (role, state) pair, 0 where none, so a count never goes stale."""
+        from epd import metrics
+
+        for role in ROLES:
+            for state in WORKER_STATES:
+                metrics.WORKERS.labels(role, state).set(sum(w.role == role and w.state == state for w in self.workers))
 
     async def _poll_forever(self) -> None:
         while True:

@@ -39,6 +39,7 @@ class WorkerActor:
 
         self.name = name
         self.node_ip = ray.util.get_node_ip_address()
+        args = [self.node_ip if a == "{node_ip}" else a for a in args]
         self.child = ChildProcess(name, args, role)
 
     def wait_ready(self, timeout_s: float) -> dict:

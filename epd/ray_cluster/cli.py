@@ -28,8 +28,8 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--port", type=int, default=8000, help="the router's HTTP port (0: pick a free one)")
     up.add_argument("--grpc-port", type=int, default=0, help="the router's gRPC port (0: pick a free one)")
     up.add_argument("--worker-host", default="127.0.0.1",
-                    help="what workers bind; 0.0.0.0 when they run on other nodes (they are then reached at "
-                         "their node's IP)")
+                    help="what workers bind and advertise to their peers; node-ip: each worker its own node's "
+                         "IP (for workers on several nodes)")
     up.add_argument("--cpus-per-worker", type=float, default=1.0, help="Ray CPUs each worker actor holds")
     up.add_argument("--gpus-per-worker", type=float,
                     help="Ray GPUs each worker actor holds (default: 1 where the cluster has GPUs, else 0)")

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 
 WORKER_ROLES = ("encoder", "prefill", "decode")
+NODE_IP = "node-ip"  # --worker-host value: each worker binds (and advertises) its own node's IP
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class RayClusterSpec:
     host: str = "127.0.0.1"  # where the router's HTTP port listens (on the driver's node)
     port: int = 8000
     grpc_port: int = 0
-    worker_host: str = "127.0.0.1"  # what workers bind; 0.0.0.0 on a multi-node cluster
+    worker_host: str = "127.0.0.1"  # what workers bind and advertise; NODE_IP: each its node's IP
     cpus_per_worker: float = 1.0
     gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
     transfer: str = "grpc"
@@ -46,6 +47,10 @@ class RayClusterSpec:
             raise ValueError("--cpus-per-worker and --gpus-per-worker must be >= 0")
         if self.transfer not in ("grpc", "shm"):
             raise ValueError(f"--transfer must be grpc or shm, got {self.transfer!r}")
+        if self.worker_host in ("0.0.0.0", "::", ""):
+            raise ValueError("--worker-host must be an address peers can reach (a worker advertises it in the "
+                             f"transfer handles they pull from), not {self.worker_host!r}; use {NODE_IP} for "
+                             "each worker's node IP")
         if self.transfer == "shm" and self.worker_host not in ("127.0.0.1", "localhost"):
             raise ValueError("--transfer shm needs every worker on one host (--worker-host 127.0.0.1)")
 
@@ -60,7 +65,8 @@ class RayClusterSpec:
 
     def worker_command(self, role: str, ready_file: str) -> list[str]:
         """`epd ROLE ...` arguments for one worker (port 0: it reports its port in the ready file)."""
-        args = [role, "--model", self.model_dir, "--host", self.worker_host, "--port", "0",
+        host = "{node_ip}" if self.worker_host == NODE_IP else self.worker_host  # filled in on the node
+        args = [role, "--model", self.model_dir, "--host", host, "--port", "0",
                 "--metrics-port", "0", "--ready-file", ready_file, "--log-level", self.log_level,
                 "--dtype", self.dtype]
         if role != "decode":
@@ -121,8 +127,8 @@ def workers_file_text(members: list[Member]) -> str:
 
 
 def advertised_host(worker_host: str, node_ip: str) -> str:
-    """The address other nodes reach a worker at: its node's IP when it binds every interface."""
-    return node_ip if worker_host in ("0.0.0.0", "::", "") else worker_host
+    """The address the router reaches a worker at: its node's IP under --worker-host node-ip."""
+    return node_ip if worker_host == NODE_IP else worker_host
 
 
 def member_from_ready(name: str, info: dict, node_ip: str, worker_host: str) -> Member:

@@ -32,7 +32,8 @@ def test_scaling_up_starts_the_difference_and_down_drains_the_newest_first():
     ({"encoders": 65}, "encoder replicas must be between 1 and 64"),
     ({"cpus_per_worker": -1}, "--cpus-per-worker"),
     ({"transfer": "nccl"}, "--transfer must be grpc or shm"),
-    ({"transfer": "shm", "worker_host": "0.0.0.0"}, "--transfer shm needs every worker on one host"),
+    ({"transfer": "shm", "worker_host": "node-ip"}, "--transfer shm needs every worker on one host"),
+    ({"worker_host": "0.0.0.0"}, "--worker-host must be an address peers can reach"),
 ])
 def test_bad_specs_are_refused_with_the_flag_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -60,11 +61,15 @@ def test_worker_commands_carry_the_role_s_flags_only():
     assert router[router.index("--workers-file") + 1] == "/r/workers.json"
 
 
-def test_a_worker_bound_to_every_interface_is_advertised_at_its_node_ip():
-    info = {"role": "decode", "address": "0.0.0.0:7003", "metrics_port": 9103}
-    assert member_from_ready("decode-1", info, "10.0.0.7", "0.0.0.0") == Member(
+def test_node_ip_workers_bind_and_are_routed_at_their_node_s_ip():
+    spec = RayClusterSpec(model_dir="/m", worker_host="node-ip")
+    command = spec.worker_command("decode", "/r/d.json")
+    assert command[command.index("--host") + 1] == "{node_ip}"  # the actor fills in its node's IP
+    info = {"role": "decode", "address": "10.0.0.7:7003", "metrics_port": 9103}
+    assert member_from_ready("decode-1", info, "10.0.0.7", "node-ip") == Member(
         "decode-1", "decode", "10.0.0.7:7003", "http://10.0.0.7:9103/metrics")
-    assert member_from_ready("decode-1", {**info, "address": "[::]:7003"}, "fd00::7", "::").address == "[fd00::7]:7003"
+    assert member_from_ready("decode-1", {**info, "address": "[fd00::7]:7003"}, "fd00::7",
+                             "node-ip").address == "[fd00::7]:7003"
     assert advertised_host("127.0.0.1", "10.0.0.7") == "127.0.0.1"
 
 
@@ -82,7 +87,7 @@ def test_the_spec_survives_the_trip_to_the_controller_actor():
 
 def test_epd_ray_up_flags_become_the_spec():
     args = build_parser().parse_args(["ray", "up", "--model", "/m", "--decodes", "2", "--max-running", "16",
-                                      "--worker-host", "0.0.0.0", "--gpus-per-worker", "1"])
+                                      "--worker-host", "node-ip", "--gpus-per-worker", "1"])
     spec = spec_from_args(args)
     assert (spec.decodes, spec.worker_args, spec.worker_host, spec.gpus_per_worker) == (
-        2, ("--max-running", "16"), "0.0.0.0", 1.0)
+        2, ("--max-running", "16"), "node-ip", 1.0)
