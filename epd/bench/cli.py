@@ -55,6 +55,15 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     decode.set_defaults(bench_run=_decode)
 
+    transfer = commands.add_parser("transfer", help="GB/s of each transfer backend through the project's code, "
+                                                    "beside the raw limit of its medium, in one run")
+    transfer.add_argument("--backend", default="grpc,shm,nccl", help="comma-separated: grpc,shm,nccl,cuda_ipc")
+    transfer.add_argument("--size-mb", type=float, default=64.0, help="payload size in MiB")
+    transfer.add_argument("--repeats", type=int, default=5, help="timed transfers per backend (the median is "
+                                                                 "reported)")
+    transfer.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    transfer.set_defaults(bench_run=_transfer)
+
 
 def _add_load_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=16, help="closed loop: requests in flight")
@@ -92,6 +101,16 @@ def _decode(args: argparse.Namespace) -> int:
         print(table)
     if args.json:
         print(json.dumps(result.to_dict()))
+    return 0
+
+
+def _transfer(args: argparse.Namespace) -> int:
+    from epd.bench.transfer import format_transfer, parse_backends, run_transfer_bench
+
+    figures = run_transfer_bench(parse_backends(args.backend), args.size_mb, args.repeats)
+    print(format_transfer(figures, args.size_mb))
+    if args.json:
+        print(json.dumps({name: f.to_dict() for name, f in figures.items()}))
     return 0
 
 
