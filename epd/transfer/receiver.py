@@ -18,14 +18,14 @@ import torch
 
 from epd import tracing
 from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
-from epd.transfer.assembly import PullAssembler, allocate, check_bool
+from epd.transfer.assembly import PullAssembler, check_bool
 from epd.transfer.channels import ChannelPool
 from epd.transfer.errors import TransferError
 from epd.transfer.labels import check_kind
 from epd.transfer.layout import CHUNK_HEADROOM_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, shm_layout, shm_segment_bytes
-from epd.transfer.shm import open_segment, pread_into, segment_path
+from epd.transfer.shm import map_private, segment_path
 from epd.v1 import common_pb2, transfer_pb2, transfer_pb2_grpc
-from epd.wire.tensors import nbytes_of
+from epd.wire.tensors import dtype_from_proto, nbytes_of
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class TransferReceiver:
         kind: str,
         timeout_s: float | None = None,
     ) -> list[tuple[str, torch.Tensor]]:
-        """The (name, tensor) pairs behind `handle`, in meta order: fresh, writable CPU tensors.
+        """The (name, tensor) pairs behind `handle`, in meta order: writable CPU tensors that alias nothing of
+        the owner's (shm ones view a private, copy-on-write mapping of its segment).
 
         `metas` are the ones that travelled with the handle (EmbeddingRef.tensors, KvRef.tensors).
         Raises TransferError (see its codes) and ValueError for an unknown kind.
@@ -129,26 +130,27 @@ class TransferReceiver:
     def _copy_shm(
         self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int]
     ) -> list[torch.Tensor]:
-        """Copy every tensor out of the segment (the result does not alias it); OSError if it cannot be opened."""
-        fd = open_segment(segment_path(self._shm_dir, handle.shm_segment_name))
-        try:
-            size, expected = os.fstat(fd).st_size, shm_segment_bytes(nbytes)
-            if size != expected:
-                message = f"segment {handle.shm_segment_name} has {size} bytes, its layout needs {expected}"
-                raise self._data_loss(handle, message)
-            tensors = []
-            for meta, offset, count in zip(metas, shm_layout(nbytes), nbytes, strict=True):
-                tensor, buffer = allocate(meta)  # buffer: [count] uint8 view of tensor
-                if count:
-                    pread_into(fd, buffer, offset)
-                if not check_bool(tensor):
-                    raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
-                tensors.append(tensor)
-            return tensors
-        except EOFError as err:  # truncated under us between fstat and read
-            raise self._data_loss(handle, f"segment {handle.shm_segment_name}: {err}") from None
-        finally:
-            os.close(fd)
+        """Views of a private mapping of the segment, no copy; OSError if it cannot be opened.
+
+        The owner frees the segment at our ack; the mapping keeps its pages until the last view is freed.
+        """
+        path = segment_path(self._shm_dir, handle.shm_segment_name)
+        size, expected = os.stat(path).st_size, shm_segment_bytes(nbytes)
+        if size != expected:
+            raise self._data_loss(handle, f"segment {handle.shm_segment_name} has {size} bytes, its layout needs "
+                                          f"{expected}")
+        mapped = map_private(path, expected)  # [expected] uint8
+        tensors = []
+        for meta, offset, count in zip(metas, shm_layout(nbytes), nbytes, strict=True):
+            dtype = dtype_from_proto(meta.dtype)
+            if count:  # offsets are 64-byte aligned, so every dtype can view its slice in place
+                tensor = mapped[offset:offset + count].view(dtype).reshape(tuple(meta.shape))
+            else:
+                tensor = torch.empty(tuple(meta.shape), dtype=dtype)
+            if not check_bool(tensor):
+                raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
+            tensors.append(tensor)
+        return tensors
 
     def _pull(
         self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],

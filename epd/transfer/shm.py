@@ -2,9 +2,10 @@
 
 Plain files rather than `multiprocessing.shared_memory`: no resource tracker that unlinks (or warns
 about) segments a receiver merely opened, and the owner alone decides when a segment goes away.
-Bytes move with pread/pwrite instead of mmap: no file descriptor is held per lease (mmap keeps a
+The owner writes with pwrite, not mmap: no file descriptor is held per lease (Python's mmap keeps a
 dup'ed fd open, and thousands of leases would exhaust the fd limit), and a full tmpfs surfaces as
-ENOSPC from pwrite rather than as a SIGBUS on a mapped page.
+ENOSPC from pwrite rather than as a SIGBUS on a mapped page. The receiver maps the finished segment
+privately (`map_private`): no copy, and no fd kept either.
 
 Names are `epd-<pid>-<hex>` so a leaked segment can be traced to its process; the receiver accepts
 only names of that form, because the name comes off the wire and must not be a path.
@@ -12,6 +13,8 @@ only names of that form, because the name comes off the wire and must not be a p
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import re
 import secrets
@@ -72,6 +75,32 @@ def unlink_segment(path: str) -> bool:
 def open_segment(path: str) -> int:
     """Read-only fd of an existing segment; FileNotFoundError when it is gone (released, or another host)."""
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+
+_MADV_POPULATE_READ = 22  # Linux >= 5.14; older kernels answer EINVAL and pages are touched instead
+_PAGE_BYTES = 4096
+
+
+def map_private(path: str, size: int) -> torch.Tensor:
+    """[size] uint8 copy-on-write mapping of a whole segment, its pages made resident before returning.
+
+    The receiver's zero-copy read: torch maps the file privately and closes its fd at once (no fd
+    per live mapping), the mapping outlives the owner's unlink (the inode lives until it is unmapped,
+    when the last tensor viewing it is freed), and writes to it stay private to this process.
+    FileNotFoundError when the segment is gone.
+    """
+    try:
+        mapped = torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    except RuntimeError as err:  # torch's word for a file it cannot open or map; callers expect an OSError
+        raise FileNotFoundError(f"cannot map segment {path}: {err}") from None
+    if size and _libc().madvise(ctypes.c_void_p(mapped.data_ptr()), ctypes.c_size_t(size), _MADV_POPULATE_READ):
+        mapped[::_PAGE_BYTES].sum()  # fault every page in now, so the transfer's time is spent here
+    return mapped
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def pread_into(fd: int, buf: np.ndarray, offset: int) -> None:
