@@ -9,7 +9,8 @@ from __future__ import annotations
 from epd.v1 import common_pb2
 
 KINDS: tuple[str, ...] = ("embedding", "kv")
-BACKENDS: dict[str, int] = {"grpc": common_pb2.TRANSFER_BACKEND_GRPC, "shm": common_pb2.TRANSFER_BACKEND_SHM}
+BACKENDS: dict[str, int] = {"grpc": common_pb2.TRANSFER_BACKEND_GRPC, "shm": common_pb2.TRANSFER_BACKEND_SHM,
+                            "nccl": common_pb2.TRANSFER_BACKEND_NCCL}
 
 
 def check_kind(kind: str) -> str:

@@ -35,14 +35,21 @@ class _MemoryReader:
         self._views = views
 
     def read(self, index: int, start: int, stop: int) -> bytes:
-        return self._views[index][start:stop].numpy().tobytes()
+        return self._views[index][start:stop].cpu().numpy().tobytes()  # cpu(): a no-op unless on a device
 
 
 class MemorySource:
-    """Bytes held as CPU tensors (grpc backend): the lease keeps them alive until it is freed."""
+    """Bytes held as tensors (grpc: CPU, nccl: where they were made): the lease keeps them alive until freed."""
 
     def __init__(self, views: list[torch.Tensor]) -> None:
-        self._views: list[torch.Tensor] | None = views  # each [nbytes] uint8, CPU; may share the publisher's storage
+        self._views: list[torch.Tensor] | None = views  # each [nbytes] uint8; may share the publisher's storage
+
+    def views(self) -> list[torch.Tensor]:
+        """The [nbytes] uint8 views, for a send over a group; SourceGone once freed."""
+        views = self._views
+        if views is None:
+            raise SourceGone("tensors were released")
+        return views
 
     @contextmanager
     def open_reader(self) -> Iterator[ByteReader]:

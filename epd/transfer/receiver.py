@@ -21,8 +21,10 @@ from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
 from epd.transfer.assembly import PullAssembler, check_bool
 from epd.transfer.channels import ChannelPool
 from epd.transfer.errors import TransferError
+from epd.transfer.groups import OWNER_RANK
 from epd.transfer.labels import check_kind
 from epd.transfer.layout import CHUNK_HEADROOM_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, shm_layout, shm_segment_bytes
+from epd.transfer.pairs import PullerPairs, wait_all
 from epd.transfer.shm import map_private, segment_path
 from epd.v1 import common_pb2, transfer_pb2, transfer_pb2_grpc
 from epd.wire.tensors import dtype_from_proto, nbytes_of
@@ -31,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 _ACK_TIMEOUT_S = 2.0
 _ACK_AFTER = (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INVALID_ARGUMENT)
-_BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM)
+_BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, common_pb2.TRANSFER_BACKEND_NCCL)
 
 
 class TransferReceiver:
@@ -44,6 +46,7 @@ class TransferReceiver:
         max_chunk_bytes: int = 1 << 20,
         max_channels: int = 64,
         shm_dir: str = "/dev/shm",
+        device: str | torch.device = "cpu",
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"transfer timeout_s must be > 0, got {timeout_s}")
@@ -52,6 +55,8 @@ class TransferReceiver:
         self._timeout_s = timeout_s
         self._max_chunk_bytes = max_chunk_bytes
         self._shm_dir = shm_dir
+        self._device = torch.device(device)  # where nccl receives land (gloo ones in CPU memory)
+        self._pairs = PullerPairs()
         receive_limit = MAX_CHUNK_BYTES + CHUNK_HEADROOM_BYTES
         self._channels = ChannelPool(max_channels, [("grpc.max_receive_message_length", receive_limit)])
 
@@ -92,8 +97,13 @@ class TransferReceiver:
         return self._ack(handle)
 
     def close(self) -> None:
-        """Close every channel (cancelling fetches still running on them)."""
+        """Close every channel (cancelling fetches still running on them) and drop every group."""
         self._channels.close()
+        self._pairs.close()
+
+    def group_backend(self, owner_address: str) -> str | None:
+        """"nccl" or "gloo": what carries nccl handles from this owner now; None when no group is up."""
+        return self._pairs.backend(owner_address)
 
     def _check_request(self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta]) -> list[int]:
         def invalid(message: str) -> TransferError:
@@ -119,6 +129,8 @@ class TransferReceiver:
         deadline: float,
     ) -> tuple[list[torch.Tensor], str]:
         """The tensors and the backend label they actually came through."""
+        if handle.backend == common_pb2.TRANSFER_BACKEND_NCCL:
+            return self._receive_group(handle, metas, nbytes, deadline), "nccl"
         if handle.backend == common_pb2.TRANSFER_BACKEND_SHM:
             try:
                 return self._copy_shm(handle, metas, nbytes), "shm"
@@ -174,6 +186,59 @@ class TransferReceiver:
             raise
         return assembler.finish()
 
+    def _receive_group(
+        self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],
+        deadline: float,
+    ) -> list[torch.Tensor]:
+        """Post a receive per non-empty tensor on the pair's group, then ask the owner to send (Transfer.Send).
+
+        Any failure drops the group (receives may still be posted on it) and names the owner.
+        """
+        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+        where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
+
+        def rendezvous(backends: list[str], timeout_s: float) -> transfer_pb2.RendezvousResponse:
+            return stub.Rendezvous(transfer_pb2.RendezvousRequest(backends=backends), timeout=timeout_s)
+
+        try:
+            pair = self._pairs.get(handle.owner_address, rendezvous, self._remaining(deadline, where))
+        except grpc.RpcError as err:
+            raise _from_rpc(err, handle, "rendezvous") from None
+        except Exception as err:  # the store or the group could not be joined in time
+            raise TransferError(grpc.StatusCode.UNAVAILABLE, f"joining a group failed: {err}", **where) from None
+        device = self._device if pair.backend == "nccl" else torch.device("cpu")
+        tensors = [torch.empty(tuple(meta.shape), dtype=dtype_from_proto(meta.dtype), device=device) for meta in metas]
+        try:
+            with pair.lock:
+                tag = pair.take_tags(len(metas))
+                works = [pair.group.recv([tensor.reshape(-1).view(torch.uint8)], OWNER_RANK, tag + i)
+                         for i, (tensor, count) in enumerate(zip(tensors, nbytes, strict=True)) if count]
+                call = stub.Send.future(transfer_pb2.SendRequest(handle_id=handle.handle_id, group_id=pair.group_id,
+                                                                 tag=tag), timeout=self._remaining(deadline, where))
+                try:
+                    wait_all(works, self._remaining(deadline, where))
+                except Exception as err:  # the owner died, timed out, or refused: its Send says why
+                    call.cancel()
+                    raise _group_error(call, err, handle) from None
+                try:
+                    call.result()
+                except grpc.RpcError as err:
+                    raise _from_rpc(err, handle, "send") from None
+        except BaseException:
+            self._pairs.drop(handle.owner_address, pair)
+            raise
+        for meta, tensor in zip(metas, tensors, strict=True):
+            if not check_bool(tensor):
+                raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
+        return tensors
+
+    @staticmethod
+    def _remaining(deadline: float, where: dict) -> float:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "no time left for the transfer", **where)
+        return remaining
+
     def _ack(self, handle: common_pb2.TransferHandle) -> bool:
         stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
         try:
@@ -189,6 +254,15 @@ class TransferReceiver:
     def _data_loss(handle: common_pb2.TransferHandle, message: str) -> TransferError:
         return TransferError(grpc.StatusCode.DATA_LOSS, message, handle_id=handle.handle_id,
                              owner_address=handle.owner_address)
+
+
+def _group_error(call: grpc.Future, err: Exception, handle: common_pb2.TransferHandle) -> TransferError:
+    """The owner's own status when its Send already failed; else UNAVAILABLE (it died) or DEADLINE_EXCEEDED."""
+    where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
+    if call.done() and not call.cancelled() and call.exception() is not None:
+        return _from_rpc(call.exception(), handle, "send")
+    code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(err, TimeoutError) else grpc.StatusCode.UNAVAILABLE
+    return TransferError(code, f"receiving over the group failed: {err}", **where)
 
 
 def _from_rpc(err: grpc.RpcError, handle: common_pb2.TransferHandle, what: str) -> TransferError:

@@ -19,7 +19,7 @@ from epd.transfer.labels import BACKENDS, KINDS, check_backend, check_kind
 from epd.transfer.layout import shm_layout, shm_segment_bytes
 from epd.transfer.leases import LeaseTable
 from epd.transfer.payload import Lease, MemorySource, ShmSource
-from epd.transfer.shm import byte_view, new_segment_name, segment_path, write_segment
+from epd.transfer.shm import byte_view, device_byte_view, new_segment_name, segment_path, write_segment
 from epd.v1 import common_pb2
 from epd.wire.tensors import meta_of, nbytes_of
 
@@ -60,6 +60,14 @@ class TransferSender:
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         self._closed = False
+        self._pairs = None  # OwnerPairs, made at the first rendezvous (the host is known by then)
+        self._pairs_lock = threading.Lock()
+        self.group_timeout_s = 30.0
+        if backend == "nccl":
+            from epd.transfer.groups import local_backends
+
+            if "nccl" not in local_backends():
+                logger.warning("nccl: no CUDA, using gloo (transfers stay in CPU memory)")
 
     def publish(
         self,
@@ -114,6 +122,15 @@ class TransferSender:
         lease = self.lookup(handle_id)
         return None if lease is None else list(lease.metas)
 
+    def pairs(self):
+        """The groups this owner sends over (nccl backend), made on first use on the owner's own host."""
+        with self._pairs_lock:
+            if self._pairs is None:
+                from epd.transfer.pairs import OwnerPairs
+
+                self._pairs = OwnerPairs(self.owner_address.rsplit(":", 1)[0].strip("[]"), self.group_timeout_s)
+            return self._pairs
+
     def release(self, handle_id: str) -> bool:
         """Free a handle now (the receiver's ack); False when unknown or already expired."""
         return any(table.release(handle_id) for table in self._tables.values())
@@ -140,10 +157,18 @@ class TransferSender:
             self._reaper.join(timeout=_REAPER_JOIN_S)
         for table in self._tables.values():
             table.close()
+        with self._pairs_lock:
+            if self._pairs is not None:
+                self._pairs.close()
 
     def _store(self, tensors: list[torch.Tensor], nbytes: list[int]) -> tuple[MemorySource | ShmSource, str]:
         if self.backend == "grpc":
             return MemorySource([byte_view(tensor) for tensor in tensors]), ""
+        if self.backend == "nccl":  # kept where they are (device memory on GPUs): the group sends from there
+            views = [device_byte_view(tensor) for tensor in tensors]
+            if any(view.is_cuda for view in views):
+                torch.cuda.synchronize()  # the kernels that wrote them must be done before another stream sends
+            return MemorySource(views), ""
         name = new_segment_name()
         path = segment_path(self.shm_dir, name)
         offsets = shm_layout(nbytes)

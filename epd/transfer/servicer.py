@@ -1,4 +1,5 @@
-"""The Transfer gRPC service: Pull streams a lease's tensors in chunks, Release is the receiver's ack.
+"""The Transfer gRPC service: Pull streams a lease's tensors in chunks, Release is the receiver's ack,
+Rendezvous and Send are the nccl backend's side channel (the bytes go over the pair's group).
 
 Thin: look the handle up in the TransferSender, stream or free, map "not there" to NOT_FOUND.
 Any lease streams, shm-backed ones included, so Pull is also the fallback for an shm handle whose
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 import grpc
 
 from epd.transfer.layout import chunk_bytes
-from epd.transfer.payload import ByteReader, SourceGone
+from epd.transfer.payload import ByteReader, MemorySource, SourceGone
 from epd.transfer.sender import TransferSender
 from epd.v1 import common_pb2, transfer_pb2, transfer_pb2_grpc
 
@@ -50,6 +51,38 @@ class TransferServicer(transfer_pb2_grpc.TransferServicer):
         self, request: transfer_pb2.ReleaseRequest, context: grpc.ServicerContext
     ) -> transfer_pb2.ReleaseResponse:
         return transfer_pb2.ReleaseResponse(released=self._sender.release(request.handle_id))
+
+    def Rendezvous(
+        self, request: transfer_pb2.RendezvousRequest, context: grpc.ServicerContext
+    ) -> transfer_pb2.RendezvousResponse:
+        try:
+            group_id, host, port, backend, timeout_s = self._sender.pairs().rendezvous(list(request.backends))
+        except ValueError as err:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self._sender.owner_address}: {err}")
+        return transfer_pb2.RendezvousResponse(group_id=group_id, store_host=host, store_port=port, backend=backend,
+                                               timeout_ms=round(timeout_s * 1000))
+
+    def Send(self, request: transfer_pb2.SendRequest, context: grpc.ServicerContext) -> transfer_pb2.SendResponse:
+        pairs = self._sender.pairs()
+        pair = pairs.get(request.group_id)
+        if pair is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"{self._sender.owner_address} has no group {request.group_id!r} (dropped or never joined)")
+        lease = self._sender.lookup(request.handle_id)
+        if lease is None:
+            pairs.drop(request.group_id)  # the puller has posted its receives: this group is out of step now
+            context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "is unknown or its lease expired"))
+        if not isinstance(lease.source, MemorySource):
+            pairs.drop(request.group_id)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._gone(request.handle_id, "is in shared memory"))
+        try:
+            sent = pairs.send(pair, lease.source.views(), int(request.tag))
+        except SourceGone:
+            pairs.drop(request.group_id)
+            context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "was released before sending"))
+        except Exception as err:  # the puller died or timed out: its group is dropped, the lease stays to its TTL
+            context.abort(grpc.StatusCode.ABORTED, self._gone(request.handle_id, f"could not be sent: {err}"))
+        return transfer_pb2.SendResponse(sent_bytes=sent)
 
     def _gone(self, handle_id: str, why: str) -> str:
         return f"transfer handle {handle_id!r} on {self._sender.owner_address} {why}"

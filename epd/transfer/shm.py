@@ -44,6 +44,11 @@ def byte_view(tensor: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8)  # [numel * itemsize]
 
 
+def device_byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """[nbytes] uint8 view of a tensor's C-contiguous bytes where it lives (a copy only if not contiguous)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)  # [numel * itemsize]
+
+
 def write_segment(path: str, offsets: Sequence[int], size: int, tensors: Sequence[torch.Tensor]) -> None:
     """Create `path` exclusively (mode 0600) with `size` bytes and each tensor at its offset.
 

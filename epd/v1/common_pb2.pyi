@@ -29,6 +29,7 @@ class TransferBackend(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRANSFER_BACKEND_GRPC: _ClassVar[TransferBackend]
     TRANSFER_BACKEND_SHM: _ClassVar[TransferBackend]
     TRANSFER_BACKEND_NCCL: _ClassVar[TransferBackend]
+    TRANSFER_BACKEND_CUDA_IPC: _ClassVar[TransferBackend]
 
 class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -65,6 +66,7 @@ TRANSFER_BACKEND_UNSPECIFIED: TransferBackend
 TRANSFER_BACKEND_GRPC: TransferBackend
 TRANSFER_BACKEND_SHM: TransferBackend
 TRANSFER_BACKEND_NCCL: TransferBackend
+TRANSFER_BACKEND_CUDA_IPC: TransferBackend
 ERROR_CODE_UNSPECIFIED: ErrorCode
 ERROR_CODE_INVALID_ARGUMENT: ErrorCode
 ERROR_CODE_RESOURCE_EXHAUSTED: ErrorCode

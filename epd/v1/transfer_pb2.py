@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pd/v1/transfer.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"9\n\x0bPullRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\"Q\n\tPullChunk\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"#\n\x0eReleaseRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x32x\n\x08Transfer\x12\x30\n\x04Pull\x12\x13.epd.v1.PullRequest\x1a\x11.epd.v1.PullChunk0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pd/v1/transfer.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"9\n\x0bPullRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\"Q\n\tPullChunk\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"#\n\x0eReleaseRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"%\n\x11RendezvousRequest\x12\x10\n\x08\x62\x61\x63kends\x18\x01 \x03(\t\"s\n\x12RendezvousResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x03\"?\n\x0bSendRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x03\"\"\n\x0cSendResponse\x12\x12\n\nsent_bytes\x18\x01 \x01(\x03\x32\xf0\x01\n\x08Transfer\x12\x30\n\x04Pull\x12\x13.epd.v1.PullRequest\x1a\x11.epd.v1.PullChunk0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponse\x12\x43\n\nRendezvous\x12\x19.epd.v1.RendezvousRequest\x1a\x1a.epd.v1.RendezvousResponse\x12\x31\n\x04Send\x12\x13.epd.v1.SendRequest\x1a\x14.epd.v1.SendResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,6 +40,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RELEASEREQUEST']._serialized_end=231
   _globals['_RELEASERESPONSE']._serialized_start=233
   _globals['_RELEASERESPONSE']._serialized_end=268
-  _globals['_TRANSFER']._serialized_start=270
-  _globals['_TRANSFER']._serialized_end=390
+  _globals['_RENDEZVOUSREQUEST']._serialized_start=270
+  _globals['_RENDEZVOUSREQUEST']._serialized_end=307
+  _globals['_RENDEZVOUSRESPONSE']._serialized_start=309
+  _globals['_RENDEZVOUSRESPONSE']._serialized_end=424
+  _globals['_SENDREQUEST']._serialized_start=426
+  _globals['_SENDREQUEST']._serialized_end=489
+  _globals['_SENDRESPONSE']._serialized_start=491
+  _globals['_SENDRESPONSE']._serialized_end=525
+  _globals['_TRANSFER']._serialized_start=528
+  _globals['_TRANSFER']._serialized_end=768
 # @@protoc_insertion_point(module_scope)

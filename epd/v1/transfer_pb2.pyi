@@ -1,7 +1,8 @@
 from epd.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -35,3 +36,39 @@ class ReleaseResponse(_message.Message):
     RELEASED_FIELD_NUMBER: _ClassVar[int]
     released: bool
     def __init__(self, released: _Optional[bool] = ...) -> None: ...
+
+class RendezvousRequest(_message.Message):
+    __slots__ = ("backends",)
+    BACKENDS_FIELD_NUMBER: _ClassVar[int]
+    backends: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, backends: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RendezvousResponse(_message.Message):
+    __slots__ = ("group_id", "store_host", "store_port", "backend", "timeout_ms")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    store_host: str
+    store_port: int
+    backend: str
+    timeout_ms: int
+    def __init__(self, group_id: _Optional[str] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., backend: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("handle_id", "group_id", "tag")
+    HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    handle_id: str
+    group_id: str
+    tag: int
+    def __init__(self, handle_id: _Optional[str] = ..., group_id: _Optional[str] = ..., tag: _Optional[int] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("sent_bytes",)
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    sent_bytes: int
+    def __init__(self, sent_bytes: _Optional[int] = ...) -> None: ...

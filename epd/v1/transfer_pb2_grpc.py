@@ -45,6 +45,16 @@ class TransferStub:
                 request_serializer=epd_dot_v1_dot_transfer__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_transfer__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Rendezvous = channel.unary_unary(
+                '/epd.v1.Transfer/Rendezvous',
+                request_serializer=epd_dot_v1_dot_transfer__pb2.RendezvousRequest.SerializeToString,
+                response_deserializer=epd_dot_v1_dot_transfer__pb2.RendezvousResponse.FromString,
+                _registered_method=True)
+        self.Send = channel.unary_unary(
+                '/epd.v1.Transfer/Send',
+                request_serializer=epd_dot_v1_dot_transfer__pb2.SendRequest.SerializeToString,
+                response_deserializer=epd_dot_v1_dot_transfer__pb2.SendResponse.FromString,
+                _registered_method=True)
 
 
 class TransferServicer:
@@ -65,6 +75,21 @@ class TransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rendezvous(self, request, context):
+        """nccl backend: sets up a two-rank torch.distributed group with the caller; the owner hosts its TCP store.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Send(self, request, context):
+        """nccl backend: sends every tensor behind a handle to the caller over its group, in TensorMeta order,
+        each as its raw bytes (one point-to-point send per non-empty tensor); returns once all are sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +102,16 @@ def add_TransferServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=epd_dot_v1_dot_transfer__pb2.ReleaseRequest.FromString,
                     response_serializer=epd_dot_v1_dot_transfer__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Rendezvous': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rendezvous,
+                    request_deserializer=epd_dot_v1_dot_transfer__pb2.RendezvousRequest.FromString,
+                    response_serializer=epd_dot_v1_dot_transfer__pb2.RendezvousResponse.SerializeToString,
+            ),
+            'Send': grpc.unary_unary_rpc_method_handler(
+                    servicer.Send,
+                    request_deserializer=epd_dot_v1_dot_transfer__pb2.SendRequest.FromString,
+                    response_serializer=epd_dot_v1_dot_transfer__pb2.SendResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -134,6 +169,60 @@ class Transfer:
             '/epd.v1.Transfer/Release',
             epd_dot_v1_dot_transfer__pb2.ReleaseRequest.SerializeToString,
             epd_dot_v1_dot_transfer__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rendezvous(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epd.v1.Transfer/Rendezvous',
+            epd_dot_v1_dot_transfer__pb2.RendezvousRequest.SerializeToString,
+            epd_dot_v1_dot_transfer__pb2.RendezvousResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Send(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epd.v1.Transfer/Send',
+            epd_dot_v1_dot_transfer__pb2.SendRequest.SerializeToString,
+            epd_dot_v1_dot_transfer__pb2.SendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 from epd.v1 import common_pb2
 from epd.wire.tensors import meta_of, tensor_to_bytes
 
-BACKENDS = ["grpc", "shm"]
+BACKENDS = ["grpc", "shm", "nccl"]
 BIG_SHAPE = (1024, 800)  # float32: 3,276,800 bytes > 3 MiB, i.e. 13 chunks of 256 KiB
 SMALL_CHUNK = 256 << 10
 

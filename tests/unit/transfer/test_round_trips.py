@@ -1,4 +1,4 @@
-"""Transfer round trips over a real loopback gRPC server, both backends: bit-exact for every awkward
+"""Transfer round trips over a real loopback gRPC server, every backend (nccl on gloo here): bit-exact for every awkward
 tensor (bf16, bool, 0-d, empty, strided, multi-chunk), the chunk contract, the shm layout and fallback."""
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from tests.unit.transfer.helpers import (
     sample,
 )
 
+BACKEND_ENUMS = {"grpc": common_pb2.TRANSFER_BACKEND_GRPC, "nccl": common_pb2.TRANSFER_BACKEND_NCCL}
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_round_trip_is_bit_exact_and_frees_the_lease(make_owner, receiver, backend):
@@ -51,7 +53,7 @@ def test_round_trip_is_bit_exact_and_frees_the_lease(make_owner, receiver, backe
         assert os.stat(f"/dev/shm/{handle.shm_segment_name}").st_mode & 0o777 == 0o600
         assert sample("epd_shm_segments_active") == segs0 + 1
     else:
-        assert handle.backend == common_pb2.TRANSFER_BACKEND_GRPC and handle.shm_segment_name == ""
+        assert handle.backend == BACKEND_ENUMS[backend] and handle.shm_segment_name == ""
     assert list(owner.metas(handle.handle_id)) == metas_of(tensors)
 
     got = receiver.fetch(handle, metas_of(tensors), "embedding")

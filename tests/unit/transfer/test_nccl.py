@@ -1,0 +1,48 @@
+"""The nccl backend on gloo (no CUDA here): a pair's group is made once and reused, an error drops it on
+both sides and the next fetch makes a new one, and the wire carries only what the side channel says."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from epd.transfer import TransferError
+from epd.transfer.groups import choose_backend, local_backends
+from epd.transfer.pairs import MAX_TAG, Pair
+from tests.unit.transfer.helpers import assert_bit_equal, metas_of, payload
+
+
+def test_group_is_made_once_and_reused(make_owner, receiver):
+    owner = make_owner("nccl")
+    tensors = payload()
+    for _ in range(3):
+        got = receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+        assert_bit_equal(got, tensors)
+    assert receiver.group_backend(owner.owner_address) == "gloo"
+    assert len(owner.pairs()._pairs) == 1
+
+
+def test_an_unknown_handle_drops_the_group_and_the_next_fetch_makes_a_new_one(make_owner, receiver):
+    owner = make_owner("nccl")
+    tensors = payload()[:3]
+    receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+    first = receiver._pairs._pairs[owner.owner_address]
+    handle = owner.publish(tensors, "kv", ttl_s=30.0)
+    owner.release(handle.handle_id)
+    with pytest.raises(TransferError) as info:
+        receiver.fetch(handle, metas_of(tensors), "kv")
+    assert info.value.code == grpc.StatusCode.NOT_FOUND and owner.owner_address in str(info.value)
+    assert receiver.group_backend(owner.owner_address) is None and len(owner.pairs()._pairs) == 0
+    got = receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+    assert_bit_equal(got, tensors)
+    assert receiver._pairs._pairs[owner.owner_address] is not first
+
+
+def test_backend_choice_and_tags():
+    assert local_backends()[-1] == "gloo"
+    assert choose_backend(["gloo"]) == "gloo"
+    assert choose_backend(["mpi"]) is None
+    pair = Pair("g", "gloo", store=None)
+    assert pair.take_tags(3) == 0 and pair.take_tags(2) == 3
+    pair.next_tag = MAX_TAG - 1
+    assert pair.take_tags(4) == 0  # wraps before passing the largest tag
