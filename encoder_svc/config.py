@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from epd.transfer_backends import TRANSFER_BACKENDS
+
 
 @dataclass(frozen=True)
 class EncoderConfig:
     model_dir: str
-    transfer_backend: str = "grpc"  # how prefill workers pull embeddings: grpc | shm
+    transfer_backend: str = "grpc"  # how prefill workers pull embeddings: grpc | shm | nccl
     max_batch_images: int = 8  # images per vision-tower forward
     batch_wait_ms: float = 5.0  # after the first image arrives, wait this long for more to batch
     max_queue_images: int = 256  # images waiting for the tower; beyond this Encode is RESOURCE_EXHAUSTED
@@ -19,8 +21,8 @@ class EncoderConfig:
     encode_timeout_s: float = 60.0  # used when the request carries no deadline
 
     def __post_init__(self) -> None:
-        if self.transfer_backend not in ("grpc", "shm"):
-            raise ValueError(f"transfer backend must be grpc or shm, got {self.transfer_backend!r}")
+        if self.transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(f"transfer backend must be one of {TRANSFER_BACKENDS}, got {self.transfer_backend!r}")
         for name in ("max_batch_images", "max_queue_images", "cache_bytes", "max_image_bytes", "max_image_pixels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

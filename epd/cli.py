@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from epd.dtypes import DTYPES
+from epd.transfer_backends import TRANSFER_BACKENDS
 
 # Spelled out (a unit test keeps them equal to epd.tiny.families): importing that module pulls in
 # transformers and torchvision, ~8 s, which every worker process would pay just to parse flags.
@@ -129,7 +130,8 @@ def _add_serve(commands) -> None:
     p.add_argument("--encoders", type=int, default=1)
     p.add_argument("--prefills", type=int, default=1)
     p.add_argument("--decodes", type=int, default=1)
-    p.add_argument("--transfer", choices=("grpc", "shm"), default="grpc")
+    p.add_argument("--transfer", choices=TRANSFER_BACKENDS, default="grpc",
+                   help="how workers fetch each other's outputs: grpc, shm (same host) or nccl (gloo on CPUs)")
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="let image URLs reach this (loopback/private) host; repeatable")
     p.add_argument("--dtype", choices=DTYPES, default="auto",

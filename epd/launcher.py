@@ -29,6 +29,7 @@ from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
 from epd.supervision import RestartPolicy, RestartState
+from epd.transfer_backends import check_transfer
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,7 @@ class ServeOptions:
         for name in ("encoders", "prefills", "decodes"):
             if not 1 <= getattr(self, name) <= 64:
                 raise ValueError(f"--{name} must be between 1 and 64, got {getattr(self, name)}")
-        if self.transfer not in ("grpc", "shm"):
-            raise ValueError(f"--transfer must be grpc or shm, got {self.transfer!r}")
+        check_transfer(self.transfer)
         if self.cpu_affinity is not None:
             plan_affinity(self.cpu_affinity, self.processes(), available_cpus())  # fails early on a bad spec
 

@@ -7,6 +7,7 @@ import logging
 import os
 
 from epd.dtypes import DTYPES
+from epd.transfer_backends import TRANSFER_BACKENDS, TRANSFER_HELP
 from epd.worker import WorkerOptions
 
 
@@ -27,8 +28,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus /metrics port (0: pick a free one)")
     p.add_argument("--ready-file", default=None,
                    help="write {role, address, metrics_port, pid} here as JSON once ready (for launchers)")
-    p.add_argument("--transfer", choices=("grpc", "shm"), default=env_default("transfer", "grpc"),
-                   help="how this worker's outputs are pulled: grpc (anywhere) or shm (same host)")
+    p.add_argument("--transfer", choices=TRANSFER_BACKENDS, default=env_default("transfer", "grpc"),
+                   help=TRANSFER_HELP)
     p.add_argument("--dtype", choices=DTYPES, default=env_default("dtype", "auto"),
                    help="weights, activations and KV cache (auto: float32 on CPU; bfloat16 uses AMX where present)")
     p.add_argument("--threads", type=int, default=env_default("threads", 0),
