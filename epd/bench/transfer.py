@@ -107,6 +107,10 @@ class Peer:
         handle = common_pb2.TransferHandle.FromString(self._reply())
         return handle, common_pb2.TensorMeta.FromString(self._reply())
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def wait_done(self) -> None:
         if self._reply() != b"done":
             raise RuntimeError("transfer bench peer did not finish its sends")

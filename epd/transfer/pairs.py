@@ -14,8 +14,9 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ from epd.transfer import groups as pg
 logger = logging.getLogger(__name__)
 
 MAX_TAG = (1 << 31) - 1  # tags are C ints in torch.distributed
+_POLL_S = 0.005
 
 
 @dataclass
@@ -47,16 +49,37 @@ class Pair:
         return first
 
 
-def wait_all(works: Sequence, timeout_s: float) -> None:
-    """Wait for every send/recv, bounded by `timeout_s` in all; raises what the backend raises (or TimeoutError)."""
-    import time
+def wait_all(works: Sequence, timeout_s: float, failed: Callable[[], Exception | None] = lambda: None) -> None:
+    """Wait until every send/recv is done, bounded by `timeout_s` in all.
 
+    The backend's blocking `wait()` runs on a helper thread while this one watches the side channel
+    (`failed()`, e.g. the peer's gRPC call having failed): a backend blocked on a peer that died may
+    only notice at its own timeout, the side channel knows at once. Raises what `failed()` returns,
+    the backend's own error, or TimeoutError. A helper left blocked ends at the group's timeout, or
+    sooner when the caller drops the group.
+    """
     deadline = time.monotonic() + timeout_s
-    for work in works:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            for work in works:
+                work.wait(pg._timeout(max(deadline - time.monotonic(), 0.001)))
+        except BaseException as exc:  # handed to the watching thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="epd-pair-wait", daemon=True).start()
+    while not done.wait(_POLL_S):
+        error = failed()
+        if error is not None:
+            raise error
+        if time.monotonic() >= deadline:
             raise TimeoutError(f"transfer did not complete in {timeout_s:.1f} s")
-        work.wait(pg._timeout(remaining))
+    if errors:
+        raise errors[0]
 
 
 def log_backend(backend: str, who: str) -> None:
@@ -119,8 +142,12 @@ class OwnerPairs:
         except Exception:
             return None
 
-    def send(self, pair: Pair, views: Sequence[torch.Tensor], tag: int) -> int:
-        """Send each non-empty [nbytes] uint8 view with tags tag, tag+1, …; drops the pair on any error."""
+    def send(self, pair: Pair, views: Sequence[torch.Tensor], tag: int,
+             failed: Callable[[], Exception | None] = lambda: None) -> int:
+        """Send each non-empty [nbytes] uint8 view with tags tag, tag+1, …; drops the pair on any error.
+
+        `failed()`: an error once the puller's call is gone (it died or gave up), checked while waiting.
+        """
         works, sent = [], 0
         try:
             with pair.lock:
@@ -128,7 +155,7 @@ class OwnerPairs:
                     if view.numel():
                         works.append(pair.group.send([_staged(view, pair.backend)], pg.PULLER_RANK, tag + i))
                         sent += view.numel()
-                wait_all(works, self._timeout_s)
+                wait_all(works, self._timeout_s, failed)
         except Exception:
             self.drop(pair.group_id)
             raise

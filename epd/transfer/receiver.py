@@ -215,8 +215,11 @@ class TransferReceiver:
                          for i, (tensor, count) in enumerate(zip(tensors, nbytes, strict=True)) if count]
                 call = stub.Send.future(transfer_pb2.SendRequest(handle_id=handle.handle_id, group_id=pair.group_id,
                                                                  tag=tag), timeout=self._remaining(deadline, where))
+                def owner_failed() -> Exception | None:  # the Send call fails at once when the owner dies
+                    return call.exception() if call.done() else None
+
                 try:
-                    wait_all(works, self._remaining(deadline, where))
+                    wait_all(works, self._remaining(deadline, where), owner_failed)
                 except Exception as err:  # the owner died, timed out, or refused: its Send says why
                     call.cancel()
                     raise _group_error(call, err, handle) from None

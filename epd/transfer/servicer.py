@@ -76,7 +76,10 @@ class TransferServicer(transfer_pb2_grpc.TransferServicer):
             pairs.drop(request.group_id)
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._gone(request.handle_id, "is in shared memory"))
         try:
-            sent = pairs.send(pair, lease.source.views(), int(request.tag))
+            def puller_gone() -> Exception | None:
+                return None if context.is_active() else ConnectionError("the puller's call ended")
+
+            sent = pairs.send(pair, lease.source.views(), int(request.tag), puller_gone)
         except SourceGone:
             pairs.drop(request.group_id)
             context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "was released before sending"))
