@@ -25,8 +25,9 @@ class SourceGone(LookupError):
 class ByteReader(Protocol):
     """Random access to the bytes of the tensors behind one lease."""
 
-    def read(self, index: int, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of tensor `index`."""
+    def read(self, index: int, start: int, stop: int) -> bytes | memoryview:
+        """Bytes [start, stop) of tensor `index`: a view when they are in this process's memory (valid
+        while the reader is open), else a copy."""
         ...
 
 
@@ -35,7 +36,7 @@ class _MemoryReader:
         self._views = views
 
     def read(self, index: int, start: int, stop: int) -> bytes:
-        return self._views[index][start:stop].cpu().numpy().tobytes()  # cpu(): a no-op unless on a device
+        return memoryview(self._views[index][start:stop].cpu().numpy())  # cpu(): a copy only off a device
 
 
 class MemorySource:

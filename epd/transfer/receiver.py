@@ -18,8 +18,9 @@ import torch
 
 from epd import tracing
 from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
-from epd.transfer.assembly import PullAssembler, check_bool
+from epd.transfer.assembly import Copier, PullAssembler, check_bool
 from epd.transfer.channels import ChannelPool
+from epd.transfer.chunks import decode_chunk
 from epd.transfer.errors import TransferError
 from epd.transfer.groups import OWNER_RANK
 from epd.transfer.labels import check_kind
@@ -32,6 +33,8 @@ from epd.wire.tensors import dtype_from_proto, nbytes_of
 logger = logging.getLogger(__name__)
 
 _ACK_TIMEOUT_S = 2.0
+_PULL_METHOD = "/epd.v1.Transfer/Pull"
+_COPIER_MIN_BYTES = 4 << 20  # below this a copier thread costs more than the overlap saves
 _ACK_AFTER = (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INVALID_ARGUMENT)
 _BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, common_pb2.TRANSFER_BACKEND_NCCL)
 
@@ -172,10 +175,14 @@ class TransferReceiver:
         if remaining <= 0:
             raise TransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "no time left to pull", handle_id=handle.handle_id,
                                 owner_address=handle.owner_address)
-        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+        pull = self._channels.get(handle.owner_address).unary_stream(
+            _PULL_METHOD, request_serializer=transfer_pb2.PullRequest.SerializeToString,
+            response_deserializer=decode_chunk, _registered_method=True)  # data as views, no protobuf copy
         request = transfer_pb2.PullRequest(handle_id=handle.handle_id, max_chunk_bytes=self._max_chunk_bytes)
-        assembler = PullAssembler(metas, nbytes, handle.handle_id, handle.owner_address)
-        stream = stub.Pull(request, timeout=remaining, metadata=tracing.current_metadata())
+        copier = Copier() if handle.size_bytes >= _COPIER_MIN_BYTES else None
+        assembler = PullAssembler(metas, nbytes, handle.handle_id, handle.owner_address,
+                                  **({"copy": copier.copy} if copier else {}))
+        stream = pull(request, timeout=remaining, metadata=tracing.current_metadata())
         try:
             for chunk in stream:
                 assembler.add(chunk)
@@ -184,6 +191,9 @@ class TransferReceiver:
         except TransferError:
             stream.cancel()  # stop the owner streaming bytes we will not use
             raise
+        finally:
+            if copier is not None:
+                copier.close()  # every queued copy done (or, on an error, done with and dropped)
         return assembler.finish()
 
     def _receive_group(

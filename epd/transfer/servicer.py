@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from epd.transfer.chunks import encode_chunk
 from epd.transfer.layout import chunk_bytes
 from epd.transfer.payload import ByteReader, MemorySource, SourceGone
 from epd.transfer.sender import TransferSender
@@ -20,11 +21,11 @@ from epd.v1 import common_pb2, transfer_pb2, transfer_pb2_grpc
 
 def tensor_chunks(
     reader: ByteReader, index: int, meta: common_pb2.TensorMeta, nbytes: int, chunk: int
-) -> Iterator[transfer_pb2.PullChunk]:
-    """Chunks of one tensor; the first carries `meta`, even for a zero-byte tensor (then with no data)."""
-    yield transfer_pb2.PullChunk(meta=meta, offset_bytes=0, data=reader.read(index, 0, min(chunk, nbytes)))
+) -> Iterator[bytes]:
+    """Serialized PullChunks of one tensor; the first carries `meta`, even for a zero-byte tensor (then no data)."""
+    yield encode_chunk(meta, 0, reader.read(index, 0, min(chunk, nbytes)))
     for start in range(chunk, nbytes, chunk):
-        yield transfer_pb2.PullChunk(offset_bytes=start, data=reader.read(index, start, min(start + chunk, nbytes)))
+        yield encode_chunk(None, start, reader.read(index, start, min(start + chunk, nbytes)))
 
 
 class TransferServicer(transfer_pb2_grpc.TransferServicer):
@@ -33,9 +34,7 @@ class TransferServicer(transfer_pb2_grpc.TransferServicer):
     def __init__(self, sender: TransferSender) -> None:
         self._sender = sender
 
-    def Pull(
-        self, request: transfer_pb2.PullRequest, context: grpc.ServicerContext
-    ) -> Iterator[transfer_pb2.PullChunk]:
+    def Pull(self, request: transfer_pb2.PullRequest, context: grpc.ServicerContext) -> Iterator[bytes]:
         lease = self._sender.lookup(request.handle_id)
         if lease is None:
             context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "is unknown or its lease expired"))
@@ -92,7 +91,35 @@ class TransferServicer(transfer_pb2_grpc.TransferServicer):
 
 
 def add_transfer_service(server: grpc.Server, sender: TransferSender) -> TransferServicer:
-    """Register the Transfer service for `sender` on `server` (before `server.start()`)."""
+    """Register the Transfer service for `sender` on `server` (before `server.start()`).
+
+    As the generated `add_TransferServicer_to_server` does, except that Pull's responses are already
+    serialized (see epd.transfer.chunks), so its serializer passes bytes through.
+    """
     servicer = TransferServicer(sender)
-    transfer_pb2_grpc.add_TransferServicer_to_server(servicer, server)
+
+    def unary(method, request, response) -> grpc.RpcMethodHandler:
+        return grpc.unary_unary_rpc_method_handler(method, request_deserializer=request.FromString,
+                                                   response_serializer=response.SerializeToString)
+
+    handlers = {
+        "Pull": grpc.unary_stream_rpc_method_handler(
+            servicer.Pull, request_deserializer=transfer_pb2.PullRequest.FromString,
+            response_serializer=_serialized),
+        "Release": unary(servicer.Release, transfer_pb2.ReleaseRequest, transfer_pb2.ReleaseResponse),
+        "Rendezvous": unary(servicer.Rendezvous, transfer_pb2.RendezvousRequest, transfer_pb2.RendezvousResponse),
+        "Send": unary(servicer.Send, transfer_pb2.SendRequest, transfer_pb2.SendResponse),
+    }
+    missing = set(transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].methods_by_name) - set(handlers)
+    if missing:  # a new rpc in transfer.proto must be registered here too
+        raise RuntimeError(f"Transfer methods without a handler: {sorted(missing)}")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
     return servicer
+
+
+SERVICE_NAME = transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].full_name
+
+
+def _serialized(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
