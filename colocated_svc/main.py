@@ -42,14 +42,17 @@ def run(args: argparse.Namespace) -> int:
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.devices import resolve_device, use_device
         from epd.dtypes import resolve_dtype
         from epd.engine.encode import ImageEncoder
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_encoder, load_language_model
 
-        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir, resolve_dtype(args.dtype)))
-        language = load_language_model(prefill_cfg.model_dir, resolve_dtype(args.dtype))
+        device = use_device(resolve_device(args.device))
+        dtype = resolve_dtype(args.dtype, device)
+        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir, dtype, device))
+        language = load_language_model(prefill_cfg.model_dir, dtype, device)
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd colocated: {exc}", file=sys.stderr)

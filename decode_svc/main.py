@@ -27,20 +27,23 @@ def run(args: argparse.Namespace) -> int:
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.devices import resolve_device, use_device
         from epd.dtypes import resolve_dtype
+
+        device = use_device(resolve_device(args.device))
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_language_model
 
-        language = load_language_model(config.model_dir, resolve_dtype(args.dtype))
+        language = load_language_model(config.model_dir, resolve_dtype(args.dtype, device), device)
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd decode: {exc}", file=sys.stderr)
         return 1
-    return _serve(engine, config, options)
+    return _serve(engine, config, options, device)
 
 
-def _serve(engine, config, options) -> int:
+def _serve(engine, config, options, device) -> int:
     from decode_svc.service import DecodeService
     from decode_svc.servicer import DecodeServicer
     from epd.engine.loop import EngineLoop
@@ -48,7 +51,7 @@ def _serve(engine, config, options) -> int:
     from epd.v1 import decode_pb2, decode_pb2_grpc
     from epd.worker import run_worker
 
-    receiver = TransferReceiver(timeout_s=config.pull_timeout_s)
+    receiver = TransferReceiver(timeout_s=config.pull_timeout_s, device=device)
     loop = EngineLoop(engine)
     service = DecodeService(loop, receiver, config)
 

@@ -37,12 +37,15 @@ def run(args: argparse.Namespace) -> int:
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.devices import resolve_device, use_device
         from epd.dtypes import resolve_dtype
+
+        device = use_device(resolve_device(args.device))
         from epd.engine.encode import ImageEncoder
         from epd.models.loading import load_encoder
 
         # Before any port is bound: without its image processor an encoder must never look alive.
-        encoder = ImageEncoder(load_encoder(config.model_dir, resolve_dtype(args.dtype)))
+        encoder = ImageEncoder(load_encoder(config.model_dir, resolve_dtype(args.dtype, device), device))
     except (ModelLoadError, ValueError) as exc:
         print(f"epd encoder: {exc}", file=sys.stderr)
         return 1

@@ -135,7 +135,11 @@ def _add_serve(commands) -> None:
     p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]",
                    help="let image URLs reach this (loopback/private) host; repeatable")
     p.add_argument("--dtype", choices=DTYPES, default="auto",
-                   help="every worker's weights, activations and KV cache (auto: float32 on CPU)")
+                   help="every worker's weights, activations and KV cache (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--device", default="auto", help="every worker's --device: auto, cpu, cuda or cuda:N")
+    p.add_argument("--gpus", metavar="auto|0,1,…",
+                   help="GPUs for the workers, round-robin, one CUDA_VISIBLE_DEVICES each (auto: every visible GPU; "
+                        "default: workers inherit this process's)")
     p.add_argument("--colocated", action="store_true",
                    help="one worker doing encode, prefill and decode on one engine (the baseline)")
     p.add_argument("--cpu-affinity", metavar="auto|ROLE=CPUS,...",
@@ -161,7 +165,7 @@ def _run_serve(args) -> int:
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
                                start_timeout_s=args.start_timeout_s, log_level=args.log_level,
                                colocated=args.colocated, cpu_affinity=args.cpu_affinity,
-                               engine_args=_engine_args(args), dtype=args.dtype,
+                               engine_args=_engine_args(args), dtype=args.dtype, device=args.device, gpus=args.gpus,
                                otlp_endpoint=args.otlp_endpoint)
     except ValueError as exc:
         print(f"epd serve: {exc}", file=sys.stderr)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
+from epd.devices import assign_gpus, check_device, parse_gpus, visible_gpus
 from epd.supervision import RestartPolicy, RestartState
 from epd.transfer_backends import check_transfer
 
@@ -49,6 +50,8 @@ class ServeOptions:
     cpu_affinity: str | None = None  # "auto" or "ROLE=CPUS,..." (see epd.cpu_affinity)
     engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
     dtype: str = "auto"
+    device: str = "auto"  # every worker's --device
+    gpus: str | None = None  # "auto" or "0,1,…": CUDA_VISIBLE_DEVICES per worker (epd.devices.assign_gpus)
     otlp_endpoint: str | None = None  # every process exports its traces here
     restart: RestartPolicy = RestartPolicy()
 
@@ -57,6 +60,9 @@ class ServeOptions:
             if not 1 <= getattr(self, name) <= 64:
                 raise ValueError(f"--{name} must be between 1 and 64, got {getattr(self, name)}")
         check_transfer(self.transfer)
+        check_device(self.device)
+        if self.gpus is not None:
+            parse_gpus(self.gpus, visible=0)  # fails early on a bad spec
         if self.cpu_affinity is not None:
             plan_affinity(self.cpu_affinity, self.processes(), available_cpus())  # fails early on a bad spec
 
@@ -155,6 +161,8 @@ class Cluster:
         self.run_dir = Path(tempfile.mkdtemp(prefix="epd-serve-"))
         self.affinity = (plan_affinity(options.cpu_affinity, options.processes(), available_cpus())
                          if options.cpu_affinity else {})
+        self.gpu_plan = (assign_gpus(options.processes(), parse_gpus(options.gpus, visible_gpus()))
+                         if options.gpus is not None else {})
 
     def start(self) -> str:
         """Start every process; return the router's base URL once the cluster is ready."""
@@ -163,7 +171,7 @@ class Cluster:
         for name, role in o.processes()[:-1]:
             ready = self.run_dir / f"{name}.json"
             args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
-                    "--log-level", o.log_level, "--dtype", o.dtype, *self._tracing_args()]
+                    "--log-level", o.log_level, "--dtype", o.dtype, "--device", o.device, *self._tracing_args()]
             if role != "decode":
                 args += ["--transfer", o.transfer]
             if role in ENGINE_ROLES:
@@ -224,8 +232,11 @@ class Cluster:
         # A session of its own: Ctrl-C in the terminal reaches only the launcher, which then stops
         # the router first and the workers after it, instead of every process racing to exit.
         cpus = self.affinity.get(name)
+        env = child_environment(os.environ, cpus, name.rsplit("-", 1)[0])
+        if name in self.gpu_plan:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpu_plan[name]
         return subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
-                                start_new_session=True, env=child_environment(os.environ, cpus, name.rsplit("-", 1)[0]))
+                                start_new_session=True, env=env)
 
     @property
     def supervision_file(self) -> Path:

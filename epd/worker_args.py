@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 
+from epd.devices import DEVICE_HELP, check_device
 from epd.dtypes import DTYPES
 from epd.transfer_backends import TRANSFER_BACKENDS, TRANSFER_HELP
 from epd.worker import WorkerOptions
@@ -31,7 +32,8 @@ def add_worker_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transfer", choices=TRANSFER_BACKENDS, default=env_default("transfer", "grpc"),
                    help=TRANSFER_HELP)
     p.add_argument("--dtype", choices=DTYPES, default=env_default("dtype", "auto"),
-                   help="weights, activations and KV cache (auto: float32 on CPU; bfloat16 uses AMX where present)")
+                   help="weights, activations and KV cache (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--device", type=check_device, default=env_default("device", "auto"), help=DEVICE_HELP)
     p.add_argument("--threads", type=int, default=env_default("threads", 0),
                    help="gRPC handler threads (0: enough for every long call plus a reserve for short ones)")
     p.add_argument("--log-level", default=env_default("log_level", "WARNING"))

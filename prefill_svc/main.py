@@ -33,17 +33,20 @@ def run(args: argparse.Namespace) -> int:
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team
+        from epd.devices import resolve_device, use_device
         from epd.dtypes import resolve_dtype
+
+        device = use_device(resolve_device(args.device))
         from epd.engine.engine import Engine
         from epd.engine.pipeline import eos_token_ids
         from epd.models.loading import load_language_model
 
-        language = load_language_model(config.model_dir, resolve_dtype(args.dtype))
+        language = load_language_model(config.model_dir, resolve_dtype(args.dtype, device), device)
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd prefill: {exc}", file=sys.stderr)
         return 1
-    return _serve(engine, config, options)
+    return _serve(engine, config, options, device)
 
 
 def prefill_config(args: argparse.Namespace):
@@ -53,7 +56,7 @@ def prefill_config(args: argparse.Namespace):
                          embedding_cache_bytes=args.embedding_cache_mb << 20, kv_lease_ttl_s=args.kv_lease_ttl_s)
 
 
-def _serve(engine, config, options) -> int:
+def _serve(engine, config, options, device) -> int:
     from epd.engine.loop import EngineLoop
     from epd.transfer.receiver import TransferReceiver
     from epd.transfer.sender import TransferSender
@@ -63,7 +66,7 @@ def _serve(engine, config, options) -> int:
     from prefill_svc.servicer import PrefillServicer
 
     sender = TransferSender(config.transfer_backend, owner_address="")
-    receiver = TransferReceiver(timeout_s=config.pull_timeout_s)
+    receiver = TransferReceiver(timeout_s=config.pull_timeout_s, device=device)
     loop = EngineLoop(engine)
     service = PrefillService(loop, receiver, sender, config)
 

@@ -41,6 +41,18 @@ class StepLayout:
     decode_mask: torch.Tensor | None  # [num_decodes, 1, decode_kv_len] bool: True = attend
     prefills: tuple[PrefillSegment, ...]
 
+    def to(self, device: torch.device) -> StepLayout:
+        """The same layout with every tensor on `device` (itself when they are there already, as on CPU)."""
+        if self.slot_mapping.device == device:
+            return self
+
+        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor.to(device, non_blocking=True)
+
+        segments = tuple(PrefillSegment(s.q_start, s.q_len, s.kv_start, s.kv_len, move(s.mask)) for s in self.prefills)
+        return StepLayout(move(self.slot_mapping), move(self.kv_index), self.num_decodes, self.decode_kv_len,
+                          move(self.decode_mask), segments)
+
 
 def causal_chunk_mask(q_len: int, kv_len: int) -> torch.Tensor:
     """[q_len, kv_len] bool: query i (absolute position kv_len - q_len + i) sees keys up to itself."""

@@ -50,9 +50,10 @@ class ImageEncoder:
             return []
         inputs = self.encoder.image_processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
         grids = inputs["image_grid_thw"]  # [num_images, 3]
-        dtype = next(self.encoder.model.parameters()).dtype  # processors answer float32 whatever the model
+        weight = next(self.encoder.model.parameters())  # processors answer float32 on the CPU whatever the model
         output = self.encoder.model.get_image_features(
-            pixel_values=inputs["pixel_values"].to(dtype), image_grid_thw=grids, return_dict=True
+            pixel_values=inputs["pixel_values"].to(weight.device, weight.dtype), image_grid_thw=grids.to(weight.device),
+            return_dict=True
         )
         per_image = self.encoder.adapter.split_output(output, len(images))
         return [

@@ -68,13 +68,16 @@ class ModelRunner:
         batch = _Batch([], [], [], [], [], [], [])
         for item in items:
             self._pack(item, batch)
-        layout = self._layout(items, decodes, batch)
-        positions = torch.cat(batch.positions, dim=-1)  # [T] or [rows, T]
+        device = self.cache.device  # the step is packed on the CPU, then moved once (no-ops on a CPU worker)
+        layout = self._layout(items, decodes, batch).to(device)
+        positions = torch.cat(batch.positions, dim=-1).to(device)  # [T] or [rows, T]
         position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
-        mm = {"image": self.language.adapter.join_output(batch.images)} if batch.images else None
-        out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long), position_ids=position_ids,
-                         cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
-                         logits_to_keep=torch.tensor(batch.keep, dtype=torch.long), epd_layout=layout)
+        images = [{name: t.to(device) for name, t in image.items()} for image in batch.images]
+        mm = {"image": self.language.adapter.join_output(images)} if images else None
+        out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long, device=device),
+                         position_ids=position_ids, cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
+                         logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
+                         epd_layout=layout)
         return sample_rows(out.logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
 
     def export_prompt(self, seq: Sequence) -> NamedTensors:

@@ -64,6 +64,11 @@ class PagedKVCache:
             pool[:, :block_size].zero_()  # the null block
 
     @property
+    def device(self) -> torch.device:
+        """Where the pool lives (the worker's --device)."""
+        return self.keys[0].device
+
+    @property
     def num_layers(self) -> int:
         return len(self.shapes)
 
@@ -99,7 +104,7 @@ class PagedKVCache:
             for kind, pool in (("keys", keys), ("values", values)):
                 data = by_name[f"layer.{i}.{kind}"]  # [n, bs, H, D]
                 flat = data.reshape(-1, *data.shape[2:])[:num_tokens]  # [num_tokens, H, D]
-                pool.index_copy_(1, slots, flat.transpose(0, 1).to(pool.dtype))
+                pool.index_copy_(1, slots.to(pool.device), flat.transpose(0, 1).to(pool.device, pool.dtype))
 
     def check_import(self, tensors: NamedTensors, num_tokens: int) -> None:
         """ValueError naming what does not fit this pool: layer count, names, shapes, token count."""

@@ -52,25 +52,27 @@ def load_config(model_dir: str | Path) -> tuple[PretrainedConfig, FamilyAdapter]
     return config, adapter_for(config.model_type)
 
 
-def load_encoder(model_dir: str | Path, dtype: torch.dtype | None = None) -> EncoderModel:
+def load_encoder(model_dir: str | Path, dtype: torch.dtype | None = None, device=None) -> EncoderModel:
     """Image processor + vision tower + projector. Fails at once if the processor config is missing."""
     root = Path(model_dir)
     require_image_processor_config(root)
     config, adapter = load_config(root)
     image_processor = AutoImageProcessor.from_pretrained(root)
-    model = _load_role(root, adapter, "encoder", dtype)
+    model = _load_role(root, adapter, "encoder", dtype, device)
     patch_embed.install(model)
     return EncoderModel(root, config, adapter, image_processor, model)
 
 
-def load_language_model(model_dir: str | Path, dtype: torch.dtype | None = None) -> LanguageModel:
+def load_language_model(model_dir: str | Path, dtype: torch.dtype | None = None, device=None) -> LanguageModel:
     """Embeddings + decoder layers + lm_head, without the vision tower."""
     root = Path(model_dir)
     config, adapter = load_config(root)
-    return LanguageModel(root, config, adapter, _load_role(root, adapter, "language", dtype))
+    return LanguageModel(root, config, adapter, _load_role(root, adapter, "language", dtype, device))
 
 
-def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype | None) -> torch.nn.Module:
+def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype | None,
+               device=None) -> torch.nn.Module:
+    """The role's model in eval mode, with `dtype` weights, on `device` (None: the CPU)."""
     cls = role_class(adapter, role)
     hf_logging.disable_progress_bar()
     previous = hf_logging.get_verbosity()
@@ -80,6 +82,8 @@ def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype
         model = cls.from_pretrained(root, dtype=dtype or torch.float32)
     finally:
         hf_logging.set_verbosity(previous)
+    if device is not None:
+        model = model.to(device)
     return model.eval()
 
 
