@@ -6,9 +6,10 @@ or protobuf.
 
 from __future__ import annotations
 
-TRANSFER_BACKENDS = ("grpc", "shm", "nccl")
-TRANSFER_HELP = ("how this worker's outputs are pulled: grpc (anywhere), shm (same host) or nccl "
-                 "(torch.distributed send/recv: NCCL between GPUs, gloo on CPU machines)")
+TRANSFER_BACKENDS = ("grpc", "shm", "nccl", "cuda_ipc")
+TRANSFER_HELP = ("how this worker's outputs are pulled: grpc (anywhere), shm (same host), nccl "
+                 "(torch.distributed send/recv: NCCL between GPUs, gloo on CPU machines) or cuda_ipc "
+                 "(GPU memory mapped by workers on the same node; needs CUDA)")
 
 
 def check_transfer(name: str) -> str:

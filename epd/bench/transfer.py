@@ -175,23 +175,26 @@ def memcpy_timings(size_bytes: int, repeats: int) -> list[float]:
     return timed(lambda: target.copy_(source), repeats)
 
 
-def dist_timings(peer: Peer, size_bytes: int, repeats: int) -> tuple[list[float], str]:
-    """Raw send/recv between the peer and this process on a fresh 2-rank gloo group."""
+def dist_timings(peer: Peer, size_bytes: int, repeats: int, device) -> tuple[list[float], str]:
+    """Raw send/recv between the peer and this process on a fresh 2-rank group (nccl into a GPU, else gloo)."""
     import torch
 
     from epd.transfer.groups import OWNER_RANK, PULLER_RANK, make_group, master_store
 
+    backend = "nccl" if device.type == "cuda" else "gloo"
     store = master_store("127.0.0.1", timeout_s=60.0)
     peer.command(f"dist {store.port} {repeats + 1}")
-    group = make_group("gloo", store, PULLER_RANK, timeout_s=60.0)
-    target = torch.empty(size_bytes, dtype=torch.uint8)
+    group = make_group(backend, store, PULLER_RANK, timeout_s=60.0, device=device if backend == "nccl" else None)
+    target = torch.empty(size_bytes, dtype=torch.uint8, device=device)
     timings = []
     for tag in range(repeats + 1):
         started = time.perf_counter()
         group.recv([target], OWNER_RANK, tag).wait()
+        if backend == "nccl":
+            torch.cuda.synchronize(device)
         timings.append(time.perf_counter() - started)
     peer.wait_done()
-    return timings[1:], "gloo"
+    return timings[1:], backend
 
 
 def device_copy_timings(size_bytes: int, repeats: int) -> list[float]:
@@ -207,6 +210,19 @@ def device_copy_timings(size_bytes: int, repeats: int) -> list[float]:
     return timed(run, repeats)
 
 
+def receiver_device(backend: str):
+    """Where this process receives: the second GPU for nccl (the peer has the first), the first for cuda_ipc."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if backend == "nccl" and count >= 2:
+        torch.cuda.set_device(1)
+        return torch.device("cuda", 1)
+    if backend == "cuda_ipc" and count:
+        return torch.device("cuda", 0)
+    return torch.device("cpu")
+
+
 def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
     """One backend's figures (its own child process), the limit measured right after it."""
     from epd.transfer import TransferReceiver
@@ -216,7 +232,8 @@ def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
 
         if not torch.cuda.is_available():
             raise ValueError("--backend cuda_ipc needs a CUDA device, and this machine has none")
-    receiver = TransferReceiver(timeout_s=120.0)
+    device = receiver_device(backend)
+    receiver = TransferReceiver(timeout_s=120.0, device=device)
     try:
         with Peer(backend, size_bytes) as peer:
             rate = median_rate(size_bytes, fetch_timings(peer, repeats, receiver))
@@ -226,7 +243,7 @@ def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
             elif backend == "shm":
                 limit = memcpy_timings(size_bytes, repeats)
             elif backend == "nccl":
-                limit, via = dist_timings(peer, size_bytes, repeats)
+                limit, via = dist_timings(peer, size_bytes, repeats, device)
                 via = receiver.group_backend(peer.address) or via
             else:
                 limit = device_copy_timings(size_bytes, repeats)

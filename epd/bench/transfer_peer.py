@@ -6,7 +6,8 @@ bytes: serialized protos or ASCII words), never pickled objects. Commands, one p
 
     publish               -> serialized TransferHandle, then serialized TensorMeta (one payload tensor)
     socket PORT           -> connects to 127.0.0.1:PORT and sends the payload's bytes once (raw TCP limit)
-    dist PORT REPEATS     -> joins a 2-rank gloo group at a TCP store on 127.0.0.1:PORT and sends REPEATS times
+    dist PORT REPEATS     -> joins a 2-rank group (nccl when the payload is on a GPU, else gloo) at a TCP
+                             store on 127.0.0.1:PORT and sends REPEATS times
     quit
 """
 
@@ -55,13 +56,12 @@ class _Pipe:
 def serve(conn, backend: str, size_bytes: int) -> None:
     """Serve commands from `conn` (send_bytes / recv_bytes) until "quit" or the pipe closes."""
     import grpc
-    import torch
 
     from epd.transfer import TransferSender, add_transfer_service
     from epd.wire.tensors import meta_of
     from epd.worker import GRPC_OPTIONS
 
-    payload = torch.randint(0, 255, (size_bytes,), dtype=torch.uint8)  # [size_bytes]
+    payload = expected_payload(size_bytes).to(payload_device(backend))  # [size_bytes]
     sender = TransferSender(backend, "")
     server = grpc.server(ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
     add_transfer_service(server, sender)
@@ -89,6 +89,25 @@ def serve(conn, backend: str, size_bytes: int) -> None:
         sender.close()
 
 
+def expected_payload(size_bytes: int):
+    """The bytes every peer publishes: seeded, so a test can check what it received."""
+    import torch
+
+    return torch.randint(0, 256, (size_bytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(8))
+
+
+def payload_device(backend: str) -> str:
+    """cuda_ipc moves GPU memory; nccl does too when there is a second GPU for the receiver (NCCL refuses
+    two ranks on one device); everything else, and every backend on a CPU machine, starts in CPU memory."""
+    import torch
+
+    count = torch.cuda.device_count()
+    if (backend == "cuda_ipc" and count) or (backend == "nccl" and count >= 2):
+        torch.cuda.set_device(0)
+        return "cuda:0"
+    return "cpu"
+
+
 def _send_socket(port: int, payload) -> None:
     with socket.create_connection(("127.0.0.1", port)) as sock:
         sock.sendall(memoryview(payload.numpy()))
@@ -98,7 +117,8 @@ def _send_dist(port: int, repeats: int, payload) -> None:
     from epd.transfer.groups import OWNER_RANK, PULLER_RANK, client_store, make_group
 
     store = client_store("127.0.0.1", port, timeout_s=60.0)
-    group = make_group("gloo", store, OWNER_RANK, timeout_s=60.0)
+    backend = "nccl" if payload.is_cuda else "gloo"
+    group = make_group(backend, store, OWNER_RANK, timeout_s=60.0, device=payload.device if payload.is_cuda else None)
     for tag in range(repeats):
         group.send([payload], PULLER_RANK, tag).wait()
 

@@ -10,7 +10,7 @@ from epd.v1 import common_pb2
 
 KINDS: tuple[str, ...] = ("embedding", "kv")
 BACKENDS: dict[str, int] = {"grpc": common_pb2.TRANSFER_BACKEND_GRPC, "shm": common_pb2.TRANSFER_BACKEND_SHM,
-                            "nccl": common_pb2.TRANSFER_BACKEND_NCCL}
+                            "nccl": common_pb2.TRANSFER_BACKEND_NCCL, "cuda_ipc": common_pb2.TRANSFER_BACKEND_CUDA_IPC}
 
 
 def check_kind(kind: str) -> str:

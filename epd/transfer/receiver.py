@@ -36,7 +36,8 @@ _ACK_TIMEOUT_S = 2.0
 _PULL_METHOD = "/epd.v1.Transfer/Pull"
 _COPIER_MIN_BYTES = 4 << 20  # below this a copier thread costs more than the overlap saves
 _ACK_AFTER = (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INVALID_ARGUMENT)
-_BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, common_pb2.TRANSFER_BACKEND_NCCL)
+_BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, common_pb2.TRANSFER_BACKEND_NCCL,
+             common_pb2.TRANSFER_BACKEND_CUDA_IPC)
 
 
 class TransferReceiver:
@@ -134,6 +135,11 @@ class TransferReceiver:
         """The tensors and the backend label they actually came through."""
         if handle.backend == common_pb2.TRANSFER_BACKEND_NCCL:
             return self._receive_group(handle, metas, nbytes, deadline), "nccl"
+        if handle.backend == common_pb2.TRANSFER_BACKEND_CUDA_IPC:
+            if torch.cuda.is_available():
+                return self._open_ipc(handle, metas, deadline), "cuda_ipc"
+            logger.warning("no CUDA here for cuda_ipc handle %s; pulling it over gRPC from %s", handle.handle_id,
+                           handle.owner_address)
         if handle.backend == common_pb2.TRANSFER_BACKEND_SHM:
             try:
                 return self._copy_shm(handle, metas, nbytes), "shm"
@@ -240,10 +246,33 @@ class TransferReceiver:
         except BaseException:
             self._pairs.drop(handle.owner_address, pair)
             raise
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # the receives have landed before anyone reads the tensors
         for meta, tensor in zip(metas, tensors, strict=True):
             if not check_bool(tensor):
                 raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
         return tensors
+
+    def _open_ipc(self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta],
+                  deadline: float) -> list[torch.Tensor]:
+        """Map the owner's GPU memory, copy it out (finished before returning), so the ack may free it."""
+        from epd.transfer.cuda_ipc import open_and_copy
+
+        where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
+        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+        try:
+            reply = stub.ExportIpc(transfer_pb2.ExportIpcRequest(handle_id=handle.handle_id),
+                                   timeout=self._remaining(deadline, where))
+        except grpc.RpcError as err:
+            raise _from_rpc(err, handle, "export") from None
+        device = self._device if self._device.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+        try:
+            return open_and_copy(reply.tensors, metas, device)
+        except ValueError as err:
+            raise TransferError(grpc.StatusCode.DATA_LOSS, str(err), **where) from None
+        except (LookupError, RuntimeError) as err:  # another node's GPU, or CUDA refused the handle
+            raise TransferError(grpc.StatusCode.FAILED_PRECONDITION, f"cannot open CUDA IPC handles: {err}",
+                                **where) from None
 
     @staticmethod
     def _remaining(deadline: float, where: dict) -> float:

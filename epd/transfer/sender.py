@@ -63,6 +63,8 @@ class TransferSender:
         self._pairs = None  # OwnerPairs, made at the first rendezvous (the host is known by then)
         self._pairs_lock = threading.Lock()
         self.group_timeout_s = 30.0
+        if backend == "cuda_ipc" and not torch.cuda.is_available():
+            raise ValueError("transfer backend cuda_ipc needs a CUDA device, and this process sees none")
         if backend == "nccl":
             from epd.transfer.groups import local_backends
 
@@ -164,8 +166,10 @@ class TransferSender:
     def _store(self, tensors: list[torch.Tensor], nbytes: list[int]) -> tuple[MemorySource | ShmSource, str]:
         if self.backend == "grpc":
             return MemorySource([byte_view(tensor) for tensor in tensors]), ""
-        if self.backend == "nccl":  # kept where they are (device memory on GPUs): the group sends from there
+        if self.backend in ("nccl", "cuda_ipc"):  # kept where they are (device memory on GPUs): sent from there
             views = [device_byte_view(tensor) for tensor in tensors]
+            if self.backend == "cuda_ipc" and not all(view.is_cuda for view in views):
+                raise ValueError("cuda_ipc publishes GPU tensors only (this worker's tensors are on the CPU)")
             if any(view.is_cuda for view in views):
                 torch.cuda.synchronize()  # the kernels that wrote them must be done before another stream sends
             return MemorySource(views), ""

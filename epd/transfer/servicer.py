@@ -86,6 +86,23 @@ class TransferServicer(transfer_pb2_grpc.TransferServicer):
             context.abort(grpc.StatusCode.ABORTED, self._gone(request.handle_id, f"could not be sent: {err}"))
         return transfer_pb2.SendResponse(sent_bytes=sent)
 
+    def ExportIpc(
+        self, request: transfer_pb2.ExportIpcRequest, context: grpc.ServicerContext
+    ) -> transfer_pb2.ExportIpcResponse:
+        lease = self._sender.lookup(request.handle_id)
+        if lease is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "is unknown or its lease expired"))
+        try:
+            from epd.transfer.cuda_ipc import export
+
+            views = lease.source.views() if isinstance(lease.source, MemorySource) else []
+            return transfer_pb2.ExportIpcResponse(tensors=export(views))
+        except SourceGone:
+            context.abort(grpc.StatusCode.NOT_FOUND, self._gone(request.handle_id, "was released before export"))
+        except (ValueError, RuntimeError) as err:  # CPU tensors, or CUDA refused to share
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._gone(request.handle_id, f"cannot be exported: "
+                                                                                             f"{err}"))
+
     def _gone(self, handle_id: str, why: str) -> str:
         return f"transfer handle {handle_id!r} on {self._sender.owner_address} {why}"
 
@@ -109,6 +126,7 @@ def add_transfer_service(server: grpc.Server, sender: TransferSender) -> Transfe
         "Release": unary(servicer.Release, transfer_pb2.ReleaseRequest, transfer_pb2.ReleaseResponse),
         "Rendezvous": unary(servicer.Rendezvous, transfer_pb2.RendezvousRequest, transfer_pb2.RendezvousResponse),
         "Send": unary(servicer.Send, transfer_pb2.SendRequest, transfer_pb2.SendResponse),
+        "ExportIpc": unary(servicer.ExportIpc, transfer_pb2.ExportIpcRequest, transfer_pb2.ExportIpcResponse),
     }
     missing = set(transfer_pb2.DESCRIPTOR.services_by_name["Transfer"].methods_by_name) - set(handlers)
     if missing:  # a new rpc in transfer.proto must be registered here too

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from epd.v1 import common_pb2 as epd_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pd/v1/transfer.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"9\n\x0bPullRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\"Q\n\tPullChunk\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"#\n\x0eReleaseRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"%\n\x11RendezvousRequest\x12\x10\n\x08\x62\x61\x63kends\x18\x01 \x03(\t\"s\n\x12RendezvousResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x03\"?\n\x0bSendRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x03\"\"\n\x0cSendResponse\x12\x12\n\nsent_bytes\x18\x01 \x01(\x03\x32\xf0\x01\n\x08Transfer\x12\x30\n\x04Pull\x12\x13.epd.v1.PullRequest\x1a\x11.epd.v1.PullChunk0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponse\x12\x43\n\nRendezvous\x12\x19.epd.v1.RendezvousRequest\x1a\x1a.epd.v1.RendezvousResponse\x12\x31\n\x04Send\x12\x13.epd.v1.SendRequest\x1a\x14.epd.v1.SendResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x65pd/v1/transfer.proto\x12\x06\x65pd.v1\x1a\x13\x65pd/v1/common.proto\"9\n\x0bPullRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x17\n\x0fmax_chunk_bytes\x18\x02 \x01(\x03\"Q\n\tPullChunk\x12 \n\x04meta\x18\x01 \x01(\x0b\x32\x12.epd.v1.TensorMeta\x12\x14\n\x0coffset_bytes\x18\x02 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"#\n\x0eReleaseRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"%\n\x11RendezvousRequest\x12\x10\n\x08\x62\x61\x63kends\x18\x01 \x03(\t\"s\n\x12RendezvousResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x12\n\nstore_host\x18\x02 \x01(\t\x12\x12\n\nstore_port\x18\x03 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x04 \x01(\t\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x03\"?\n\x0bSendRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\x0b\n\x03tag\x18\x03 \x01(\x03\"\"\n\x0cSendResponse\x12\x12\n\nsent_bytes\x18\x01 \x01(\x03\"%\n\x10\x45xportIpcRequest\x12\x11\n\thandle_id\x18\x01 \x01(\t\"\x8a\x02\n\rCudaIpcTensor\x12\x13\n\x0b\x64\x65vice_uuid\x18\x01 \x01(\t\x12\x12\n\nipc_handle\x18\x02 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x03 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x04 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x05 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\x12\x1b\n\x13tensor_offset_bytes\x18\t \x01(\x03\x12\x0e\n\x06nbytes\x18\n \x01(\x03\";\n\x11\x45xportIpcResponse\x12&\n\x07tensors\x18\x01 \x03(\x0b\x32\x15.epd.v1.CudaIpcTensor2\xb2\x02\n\x08Transfer\x12\x30\n\x04Pull\x12\x13.epd.v1.PullRequest\x1a\x11.epd.v1.PullChunk0\x01\x12:\n\x07Release\x12\x16.epd.v1.ReleaseRequest\x1a\x17.epd.v1.ReleaseResponse\x12\x43\n\nRendezvous\x12\x19.epd.v1.RendezvousRequest\x1a\x1a.epd.v1.RendezvousResponse\x12\x31\n\x04Send\x12\x13.epd.v1.SendRequest\x1a\x14.epd.v1.SendResponse\x12@\n\tExportIpc\x12\x18.epd.v1.ExportIpcRequest\x1a\x19.epd.v1.ExportIpcResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,6 +48,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SENDREQUEST']._serialized_end=489
   _globals['_SENDRESPONSE']._serialized_start=491
   _globals['_SENDRESPONSE']._serialized_end=525
-  _globals['_TRANSFER']._serialized_start=528
-  _globals['_TRANSFER']._serialized_end=768
+  _globals['_EXPORTIPCREQUEST']._serialized_start=527
+  _globals['_EXPORTIPCREQUEST']._serialized_end=564
+  _globals['_CUDAIPCTENSOR']._serialized_start=567
+  _globals['_CUDAIPCTENSOR']._serialized_end=833
+  _globals['_EXPORTIPCRESPONSE']._serialized_start=835
+  _globals['_EXPORTIPCRESPONSE']._serialized_end=894
+  _globals['_TRANSFER']._serialized_start=897
+  _globals['_TRANSFER']._serialized_end=1203
 # @@protoc_insertion_point(module_scope)

@@ -72,3 +72,39 @@ class SendResponse(_message.Message):
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     sent_bytes: int
     def __init__(self, sent_bytes: _Optional[int] = ...) -> None: ...
+
+class ExportIpcRequest(_message.Message):
+    __slots__ = ("handle_id",)
+    HANDLE_ID_FIELD_NUMBER: _ClassVar[int]
+    handle_id: str
+    def __init__(self, handle_id: _Optional[str] = ...) -> None: ...
+
+class CudaIpcTensor(_message.Message):
+    __slots__ = ("device_uuid", "ipc_handle", "storage_size_bytes", "storage_offset_bytes", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "tensor_offset_bytes", "nbytes")
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    device_uuid: str
+    ipc_handle: bytes
+    storage_size_bytes: int
+    storage_offset_bytes: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    tensor_offset_bytes: int
+    nbytes: int
+    def __init__(self, device_uuid: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., tensor_offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
+
+class ExportIpcResponse(_message.Message):
+    __slots__ = ("tensors",)
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    tensors: _containers.RepeatedCompositeFieldContainer[CudaIpcTensor]
+    def __init__(self, tensors: _Optional[_Iterable[_Union[CudaIpcTensor, _Mapping]]] = ...) -> None: ...

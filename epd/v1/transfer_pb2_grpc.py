@@ -55,6 +55,11 @@ class TransferStub:
                 request_serializer=epd_dot_v1_dot_transfer__pb2.SendRequest.SerializeToString,
                 response_deserializer=epd_dot_v1_dot_transfer__pb2.SendResponse.FromString,
                 _registered_method=True)
+        self.ExportIpc = channel.unary_unary(
+                '/epd.v1.Transfer/ExportIpc',
+                request_serializer=epd_dot_v1_dot_transfer__pb2.ExportIpcRequest.SerializeToString,
+                response_deserializer=epd_dot_v1_dot_transfer__pb2.ExportIpcResponse.FromString,
+                _registered_method=True)
 
 
 class TransferServicer:
@@ -90,6 +95,14 @@ class TransferServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportIpc(self, request, context):
+        """cuda_ipc backend: CUDA IPC handles to the device memory behind a handle (same node only); the memory
+        stays valid until the handle's lease ends, so the caller copies it out before it acks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TransferServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -112,6 +125,11 @@ def add_TransferServicer_to_server(servicer, server):
                     servicer.Send,
                     request_deserializer=epd_dot_v1_dot_transfer__pb2.SendRequest.FromString,
                     response_serializer=epd_dot_v1_dot_transfer__pb2.SendResponse.SerializeToString,
+            ),
+            'ExportIpc': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportIpc,
+                    request_deserializer=epd_dot_v1_dot_transfer__pb2.ExportIpcRequest.FromString,
+                    response_serializer=epd_dot_v1_dot_transfer__pb2.ExportIpcResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +241,33 @@ class Transfer:
             '/epd.v1.Transfer/Send',
             epd_dot_v1_dot_transfer__pb2.SendRequest.SerializeToString,
             epd_dot_v1_dot_transfer__pb2.SendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportIpc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/epd.v1.Transfer/ExportIpc',
+            epd_dot_v1_dot_transfer__pb2.ExportIpcRequest.SerializeToString,
+            epd_dot_v1_dot_transfer__pb2.ExportIpcResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -191,7 +191,7 @@ def test_refused_publish_leaks_nothing(make_owner):
 
 
 def test_bad_configuration_names_the_value():
-    with pytest.raises(ValueError, match=r"'rdma' is not one of \('grpc', 'shm', 'nccl'\)"):
+    with pytest.raises(ValueError, match=r"'rdma' is not one of \('grpc', 'shm', 'nccl', 'cuda_ipc'\)"):
         TransferSender("rdma", "127.0.0.1:1")
     sender = TransferSender("grpc", "127.0.0.1:1")
     with pytest.raises(ValueError, match=r"'image' is not one of \('embedding', 'kv'\)"):
