@@ -35,15 +35,23 @@ class DecodeBench:
         return {**asdict(self), "fraction_of_bound": self.fraction_of_bound}
 
 
-def read_bandwidth_gb_per_s(size_mb: int = 1024, repeats: int = 5) -> float:
-    """Best of `repeats` full reads (a sum) of a `size_mb` buffer, in GB/s."""
-    buffer = torch.ones(size_mb << 18, dtype=torch.float32)  # size_mb MiB
+def read_bandwidth_gb_per_s(size_mb: int = 1024, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Best of `repeats` full reads (a sum) of a `size_mb` buffer on `device` (HBM on a GPU), in GB/s."""
+    device = torch.device(device)
+    buffer = torch.ones(size_mb << 18, dtype=torch.float32, device=device)  # size_mb MiB
     best = float("inf")
     for _ in range(repeats):
+        _sync(device)
         started = time.perf_counter()
         buffer.sum()
+        _sync(device)
         best = min(best, time.perf_counter() - started)
     return buffer.numel() * 4 / best / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class ExpertCounter:
@@ -99,15 +107,17 @@ def dense_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int = 20, dtype: str = "auto",
-                     profile: bool = False) -> tuple[DecodeBench, str | None]:
+                     profile: bool = False, device: str = "cpu") -> tuple[DecodeBench, str | None]:
     """Prefill `batch` prompts of `context` tokens, then time `steps` decode steps of the whole batch."""
+    from epd.devices import resolve_device, use_device
     from epd.dtypes import resolve_dtype
     from epd.engine.engine import Engine, EngineConfig
     from epd.engine.params import SamplingParams
     from epd.engine.pipeline import eos_token_ids
     from epd.models.loading import load_language_model
 
-    language = load_language_model(model_dir, resolve_dtype(dtype))
+    where = use_device(resolve_device(device))
+    language = load_language_model(model_dir, resolve_dtype(dtype, where), where)
     vocab = int(language.config.get_text_config().vocab_size)
     tokens = batch * (context + steps + 8)
     engine = Engine(language, EngineConfig(kv_cache_bytes=1 << 40, num_blocks=tokens // 16 + batch + 2),
@@ -124,7 +134,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     for _ in range(steps):
         counter.take()
         started = time.perf_counter()
-        engine.step()
+        engine.step()  # sampling reads the tokens back to the host: the step has finished on the device
         times.append(time.perf_counter() - started)
         expert_bytes.append(counter.take())
     counter.close()
@@ -134,7 +144,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     per_token_kv = sum(s.heads * (s.key_dim + s.value_dim) for s in engine.cache.shapes) * \
         engine.cache.keys[0].element_size()
     kv = per_token_kv * sum(seq.num_tokens for seq in seqs)
-    bandwidth = read_bandwidth_gb_per_s()
+    bandwidth = read_bandwidth_gb_per_s(device=where)
     bound = batch / (weights / (bandwidth * 1e9))
     return DecodeBench(batch, context, step_s * 1000, batch / step_s, weights, kv, bandwidth, bound), table
 
