@@ -3,6 +3,8 @@ both sides and the next fetch makes a new one, and the wire carries only what th
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 
@@ -46,3 +48,24 @@ def test_backend_choice_and_tags():
     assert pair.take_tags(3) == 0 and pair.take_tags(2) == 3
     pair.next_tag = MAX_TAG - 1
     assert pair.take_tags(4) == 0  # wraps before passing the largest tag
+
+
+def test_the_puller_binds_the_address_on_its_route_to_the_owner():
+    from epd.transfer.pairs import local_address_towards
+
+    assert local_address_towards("127.0.0.1", 9) == "127.0.0.1"
+
+
+def test_owner_pairs_are_bounded_and_a_puller_that_never_joins_is_forgotten():
+    from epd.transfer.pairs import OwnerPairs
+
+    pairs = OwnerPairs("127.0.0.1", timeout_s=0.5, max_pairs=2)
+    ids = [pairs.rendezvous(["gloo"])[0] for _ in range(3)]
+    assert len(pairs._pairs) == 2 and ids[0] not in pairs._pairs  # the oldest is dropped beyond the bound
+    started = time.monotonic()
+    assert pairs.get(ids[2]) is None  # nobody joined within the timeout: no pair
+    while ids[2] in pairs._pairs and time.monotonic() - started < 15:  # the join thread gives up, bounded
+        time.sleep(0.05)
+    assert ids[2] not in pairs._pairs
+    pairs.close()
+    assert not pairs._pairs
