@@ -40,16 +40,18 @@ class Pair:
     group: object = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     next_tag: int = 0
+    transfers: int = 0  # started on this group so far
 
     def take_tags(self, count: int) -> int:
-        """The first of `count` fresh tags (call under `lock`)."""
+        """The first of `count` fresh tags for one transfer (call under `lock`)."""
+        self.transfers += 1
         if self.next_tag + count > MAX_TAG:
             self.next_tag = 0
         first, self.next_tag = self.next_tag, self.next_tag + count
         return first
 
 
-def wait_all(works: Sequence, timeout_s: float, failed: Callable[[], Exception | None] = lambda: None) -> None:
+def wait_all(works: Sequence, timeout_s: float, failed: Callable[[], BaseException | None] = lambda: None) -> None:
     """Wait until every send/recv is done, bounded by `timeout_s` in all.
 
     The backend's blocking `wait()` runs on a helper thread while this one watches the side channel
@@ -74,7 +76,7 @@ def wait_all(works: Sequence, timeout_s: float, failed: Callable[[], Exception |
     threading.Thread(target=wait, name="epd-pair-wait", daemon=True).start()
     while not done.wait(_POLL_S):
         error = failed()
-        if error is not None:
+        if error:  # an exception (falsy values mean "not failed")
             raise error
         if time.monotonic() >= deadline:
             raise TimeoutError(f"transfer did not complete in {timeout_s:.1f} s")

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 _ACK_TIMEOUT_S = 2.0
 _PULL_METHOD = "/epd.v1.Transfer/Pull"
 _COPIER_MIN_BYTES = 4 << 20  # below this a copier thread costs more than the overlap saves
+# What a stale cached group fails with; worth one more try on a fresh group.
+_STALE_GROUP = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE)
 _ACK_AFTER = (grpc.StatusCode.DATA_LOSS, grpc.StatusCode.INVALID_ARGUMENT)
 _BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, common_pb2.TRANSFER_BACKEND_NCCL,
              common_pb2.TRANSFER_BACKEND_CUDA_IPC)
@@ -206,24 +208,35 @@ class TransferReceiver:
         self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],
         deadline: float,
     ) -> list[torch.Tensor]:
-        """Post a receive per non-empty tensor on the pair's group, then ask the owner to send (Transfer.Send).
+        """The tensors over the pair's group with the owner, joining one first if there is none.
 
-        Any failure drops the group (receives may still be posted on it) and names the owner.
+        A cached group may have gone stale (the owner dropped or evicted it, or restarted): one that
+        fails is dropped and the transfer tried once more on a fresh group. A dead owner then fails
+        the rendezvous at once.
         """
+        stale_ok = True
+        while True:
+            pair = self._pair(handle, deadline)
+            reused = pair.transfers > 0
+            try:
+                return self._receive_on(pair, handle, metas, nbytes, deadline)
+            except TransferError as err:
+                if not (reused and stale_ok) or err.code not in _STALE_GROUP:
+                    raise
+                logger.info("group with %s failed (%s); trying a new one", handle.owner_address, err)
+                stale_ok = False
+
+    def _receive_on(
+        self, pair, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta], nbytes: list[int],
+        deadline: float,
+    ) -> list[torch.Tensor]:
+        """Post a receive per non-empty tensor, then ask the owner to send (Transfer.Send); any failure
+        drops the group (receives may still be posted on it) and names the owner."""
         stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
         where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
-
-        def rendezvous(backends: list[str], timeout_s: float) -> transfer_pb2.RendezvousResponse:
-            return stub.Rendezvous(transfer_pb2.RendezvousRequest(backends=backends), timeout=timeout_s)
-
-        try:
-            pair = self._pairs.get(handle.owner_address, rendezvous, self._remaining(deadline, where))
-        except grpc.RpcError as err:
-            raise _from_rpc(err, handle, "rendezvous") from None
-        except Exception as err:  # the store or the group could not be joined in time
-            raise TransferError(grpc.StatusCode.UNAVAILABLE, f"joining a group failed: {err}", **where) from None
         device = self._device if pair.backend == "nccl" else torch.device("cpu")
         tensors = [torch.empty(tuple(meta.shape), dtype=dtype_from_proto(meta.dtype), device=device) for meta in metas]
+        call = None
         try:
             with pair.lock:
                 tag = pair.take_tags(len(metas))
@@ -231,20 +244,17 @@ class TransferReceiver:
                          for i, (tensor, count) in enumerate(zip(tensors, nbytes, strict=True)) if count]
                 call = stub.Send.future(transfer_pb2.SendRequest(handle_id=handle.handle_id, group_id=pair.group_id,
                                                                  tag=tag), timeout=self._remaining(deadline, where))
-                def owner_failed() -> Exception | None:  # the Send call fails at once when the owner dies
-                    return call.exception() if call.done() else None
-
-                try:
-                    wait_all(works, self._remaining(deadline, where), owner_failed)
-                except Exception as err:  # the owner died, timed out, or refused: its Send says why
-                    call.cancel()
-                    raise _group_error(call, err, handle) from None
-                try:
-                    call.result()
-                except grpc.RpcError as err:
-                    raise _from_rpc(err, handle, "send") from None
-        except BaseException:
+                # The Send call fails at once when the owner dies: watched while the receives wait.
+                wait_all(works, self._remaining(deadline, where), lambda: call.done() and call.exception())
+                call.result()
+        except BaseException as err:
             self._pairs.drop(handle.owner_address, pair)
+            if isinstance(err, grpc.RpcError):
+                raise _from_rpc(err, handle, "send") from None
+            if isinstance(err, Exception) and not isinstance(err, TransferError):  # the backend gave up
+                if call is not None:
+                    call.cancel()
+                raise _group_error(call, err, handle) from None
             raise
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # the receives have landed before anyone reads the tensors
@@ -252,6 +262,23 @@ class TransferReceiver:
             if not check_bool(tensor):
                 raise self._data_loss(handle, f"tensor {meta.name!r}: bool data holds bytes other than 0 and 1")
         return tensors
+
+    def _pair(self, handle: common_pb2.TransferHandle, deadline: float):
+        """The cached group with the handle's owner, or a new one (Transfer.Rendezvous, then both ranks join)."""
+        where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
+        stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
+
+        def rendezvous(backends: list[str], timeout_s: float) -> transfer_pb2.RendezvousResponse:
+            return stub.Rendezvous(transfer_pb2.RendezvousRequest(backends=backends), timeout=timeout_s)
+
+        try:
+            return self._pairs.get(handle.owner_address, rendezvous, self._remaining(deadline, where))
+        except grpc.RpcError as err:
+            raise _from_rpc(err, handle, "rendezvous") from None
+        except TransferError:
+            raise
+        except Exception as err:  # the store or the group could not be joined in time
+            raise TransferError(grpc.StatusCode.UNAVAILABLE, f"joining a group failed: {err}", **where) from None
 
     def _open_ipc(self, handle: common_pb2.TransferHandle, metas: Sequence[common_pb2.TensorMeta],
                   deadline: float) -> list[torch.Tensor]:
@@ -298,10 +325,10 @@ class TransferReceiver:
                              owner_address=handle.owner_address)
 
 
-def _group_error(call: grpc.Future, err: Exception, handle: common_pb2.TransferHandle) -> TransferError:
+def _group_error(call: grpc.Future | None, err: Exception, handle: common_pb2.TransferHandle) -> TransferError:
     """The owner's own status when its Send already failed; else UNAVAILABLE (it died) or DEADLINE_EXCEEDED."""
     where = {"handle_id": handle.handle_id, "owner_address": handle.owner_address}
-    if call.done() and not call.cancelled() and call.exception() is not None:
+    if call is not None and call.done() and not call.cancelled() and call.exception() is not None:
         return _from_rpc(call.exception(), handle, "send")
     code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(err, TimeoutError) else grpc.StatusCode.UNAVAILABLE
     return TransferError(code, f"receiving over the group failed: {err}", **where)

@@ -69,3 +69,14 @@ def test_owner_pairs_are_bounded_and_a_puller_that_never_joins_is_forgotten():
     assert ids[2] not in pairs._pairs
     pairs.close()
     assert not pairs._pairs
+
+
+def test_a_group_the_owner_dropped_is_replaced_within_the_same_fetch(make_owner, receiver):
+    owner = make_owner("nccl")
+    tensors = payload()[:3]
+    receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+    [group_id] = list(owner.pairs()._pairs)
+    owner.pairs().drop(group_id)  # e.g. evicted by other pullers
+    got = receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+    assert_bit_equal(got, tensors)
+    assert list(owner.pairs()._pairs) != [group_id] and len(owner.pairs()._pairs) == 1
