@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from epd.dtypes import DTYPES
+from epd.engine_args import add_passed_engine_arguments, passed_engine_args
 from epd.transfer_backends import TRANSFER_BACKENDS
 
 # Spelled out (a unit test keeps them equal to epd.tiny.families): importing that module pulls in
@@ -145,8 +146,7 @@ def _add_serve(commands) -> None:
     p.add_argument("--cpu-affinity", metavar="auto|ROLE=CPUS,...",
                    help="pin processes to CPUs: auto gives decode workers cores of their own; "
                         "or e.g. decode=1,encoder=0,prefill=0,router=0 (CPUS like 2-3 or 0+2)")
-    for flag in ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk"):
-        p.add_argument(flag, type=int, help="passed to every prefill / decode / colocated worker")
+    add_passed_engine_arguments(p, "prefill / decode / colocated")
     p.add_argument("--otlp-endpoint", metavar="HOST:PORT",
                    help="every process exports OpenTelemetry traces to this OTLP/gRPC collector")
     p.add_argument("--start-timeout-s", type=float, default=300.0)
@@ -165,22 +165,13 @@ def _run_serve(args) -> int:
                                transfer=args.transfer, allow_url_hosts=tuple(args.allow_url_host),
                                start_timeout_s=args.start_timeout_s, log_level=args.log_level,
                                colocated=args.colocated, cpu_affinity=args.cpu_affinity,
-                               engine_args=_engine_args(args), dtype=args.dtype, device=args.device, gpus=args.gpus,
+                               engine_args=passed_engine_args(args), dtype=args.dtype, device=args.device,
+                               gpus=args.gpus,
                                otlp_endpoint=args.otlp_endpoint)
     except ValueError as exc:
         print(f"epd serve: {exc}", file=sys.stderr)
         return 2
     return serve(options)
-
-
-def _engine_args(args) -> tuple[str, ...]:
-    """The engine flags given to `epd serve`, as worker command-line arguments."""
-    passed = []
-    for name in ("kv_cache_mb", "kv_blocks", "max_running", "max_batched_tokens", "max_prefill_chunk"):
-        value = getattr(args, name)
-        if value is not None:
-            passed += [f"--{name.replace('_', '-')}", str(value)]
-    return tuple(passed)
 
 
 def _add_bench(commands) -> None:

@@ -6,6 +6,25 @@ import argparse
 
 from epd.worker_args import env_default
 
+# The engine flags a launcher (`epd serve`, `epd ray up`) takes and hands to the workers it starts.
+PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk")
+
+
+def add_passed_engine_arguments(p: argparse.ArgumentParser, workers: str) -> None:
+    """A launcher's copies of the engine flags (no defaults: an unset flag leaves the worker's own)."""
+    for flag in PASSED_ENGINE_FLAGS:
+        p.add_argument(flag, type=int, help=f"passed to every {workers} worker")
+
+
+def passed_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """The engine flags a launcher was given, as worker command-line arguments."""
+    passed: list[str] = []
+    for flag in PASSED_ENGINE_FLAGS:
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None:
+            passed += [flag, str(value)]
+    return tuple(passed)
+
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")

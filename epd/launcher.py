@@ -23,12 +23,13 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
 from epd.devices import assign_gpus, check_device, parse_gpus, visible_gpus
+from epd.files import write_atomically
 from epd.supervision import RestartPolicy, RestartState
 from epd.transfer_backends import check_transfer
 
@@ -112,6 +113,34 @@ class StartupFailed(RuntimeError):
     pass
 
 
+def wait_for_file(path: Path, timeout_s: float, check: Callable[[], None]) -> dict:
+    """The JSON a starting process writes once ready; `check()` raises if waiting is pointless
+    (the process died, a stop was asked for); StartupFailed after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        check()
+        if time.monotonic() > deadline:
+            raise StartupFailed(f"{path.stem} was not ready after {timeout_s:.0f} s")
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def wait_for_router(url: str, timeout_s: float, check: Callable[[], None]) -> None:
+    """Until the router at `url` says /ready (every role has a ready worker); `check` as above."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check()
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise StartupFailed(f"the router at {url} did not report ready in {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def epd_command() -> list[str]:
     """How to run `epd ...` so the process's command line names its role (`epd encoder ...`)."""
     script = Path(sys.executable).parent / "epd"
@@ -121,7 +150,7 @@ def epd_command() -> list[str]:
     return [sys.executable, found] if found else [sys.executable, "-m", "epd"]
 
 
-def _child_setup(cpus: tuple[int, ...] | None):
+def child_setup(cpus: tuple[int, ...] | None = None):
     def setup() -> None:
         # Not Linux (no libc.so.6): the launcher's own signal handling still stops children.
         with contextlib.suppress(OSError):
@@ -144,7 +173,6 @@ class Child:
     address: str = ""  # once ready: where it serves (a restart binds the same ports)
     metrics_port: int = 0
     ready_at: float | None = None  # monotonic time it last became ready; None since its last start
-    started_at: float = 0.0
     restart_at: float | None = None  # dead, to be started again at this monotonic time
     gave_up: str = ""  # why it is not restarted any more
     history: RestartState = field(default_factory=RestartState)
@@ -225,8 +253,7 @@ class Cluster:
         return None
 
     def _spawn(self, name: str, role: str, args: list[str], ready_file: Path) -> None:
-        self.children.append(Child(name, role, args, self._popen(name, args), ready_file,
-                                   started_at=time.monotonic()))
+        self.children.append(Child(name, role, args, self._popen(name, args), ready_file))
 
     def _popen(self, name: str, args: list[str]) -> subprocess.Popen:
         # A session of its own: Ctrl-C in the terminal reaches only the launcher, which then stops
@@ -235,7 +262,7 @@ class Cluster:
         env = child_environment(os.environ, cpus, name.rsplit("-", 1)[0])
         if name in self.gpu_plan:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_plan[name]
-        return subprocess.Popen(epd_command() + args, preexec_fn=_child_setup(cpus), stdin=subprocess.DEVNULL,
+        return subprocess.Popen(epd_command() + args, preexec_fn=child_setup(cpus), stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
 
     @property
@@ -247,9 +274,7 @@ class Cluster:
         table = {c.address: {"name": c.name, "restarts": c.history.restarts,
                              "state": "gave_up" if c.gave_up else "restarting" if c.restart_at else "running",
                              "gave_up": c.gave_up} for c in self.children if c.address}
-        tmp = self.supervision_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"workers": table}))
-        tmp.replace(self.supervision_file)
+        write_atomically(self.supervision_file, json.dumps({"workers": table}))
 
     def supervise(self) -> str | None:
         """One look at every child once serving: note readiness, restart the dead when due.
@@ -276,7 +301,7 @@ class Cluster:
                     return f"no {child.role} worker left: gave up on {child.name}: {child.gave_up}"
             elif now >= child.restart_at:
                 changed = True
-                self._restart(child, now)
+                self._restart(child)
         if changed:
             self.write_supervision()
         return None
@@ -294,12 +319,12 @@ class Cluster:
         print(f"epd serve: {child.name} exited with code {code}; restarting it in {delay:.1f} s "
               f"(the other workers keep serving)", file=sys.stderr, flush=True)
 
-    def _restart(self, child: Child, now: float) -> None:
+    def _restart(self, child: Child) -> None:
         """The same command on the same ports: the router's registry sees the address come back."""
         child.ready_file.unlink(missing_ok=True)
         port = child.address.rsplit(":", 1)[1]
         args = [*child.args, "--port", port, "--metrics-port", str(child.metrics_port)]
-        child.proc, child.started_at = self._popen(child.name, args), now
+        child.proc = self._popen(child.name, args)
         child.restart_at, child.ready_at = None, None
         child.history.restarts += 1
 
@@ -307,27 +332,10 @@ class Cluster:
         return any(c.role == role and not c.gave_up for c in self.children)
 
     def _wait_file(self, path: Path) -> dict:
-        deadline = time.monotonic() + self.options.start_timeout_s
-        while not path.exists():
-            self._check_children()
-            if time.monotonic() > deadline:
-                raise StartupFailed(f"{path.stem} was not ready after {self.options.start_timeout_s:.0f} s")
-            time.sleep(0.1)
-        return json.loads(path.read_text())
+        return wait_for_file(path, self.options.start_timeout_s, self._check_children)
 
     def _wait_ready(self, url: str) -> None:
-        deadline = time.monotonic() + self.options.start_timeout_s
-        while True:
-            self._check_children()
-            try:
-                with urllib.request.urlopen(f"{url}/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise StartupFailed(f"the router at {url} did not report ready in {self.options.start_timeout_s:.0f} s")
-            time.sleep(0.2)
+        wait_for_router(url, self.options.start_timeout_s, self._check_children)
 
     def _check_children(self) -> None:
         if self.stop_requested:

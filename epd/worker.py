@@ -16,12 +16,12 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epd import tls, tracing
+from epd.files import write_atomically
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
 from epd.threads import single_threaded
@@ -98,9 +98,7 @@ def write_ready_file(path: str | None, info: dict) -> None:
     """`info` plus this pid as JSON, written atomically (launchers poll for the file to appear whole)."""
     if not path:
         return
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json.dumps({**info, "pid": os.getpid()}))
-    tmp.replace(path)
+    write_atomically(path, json.dumps({**info, "pid": os.getpid()}))
 
 
 def mark_ready(worker: BoundWorker, ready_file: str | None) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import tempfile
 import threading
 import time
@@ -17,6 +16,8 @@ import urllib.request
 from dataclasses import asdict
 from pathlib import Path
 
+from epd.files import write_atomically
+from epd.launcher import wait_for_router
 from epd.ray_cluster.plan import (
     WORKER_ROLES,
     Member,
@@ -37,7 +38,6 @@ class WorkerActor:
     def __init__(self, name: str, role: str, args: list[str]) -> None:
         import ray
 
-        self.name = name
         self.node_ip = ray.util.get_node_ip_address()
         args = [self.node_ip if a == "{node_ip}" else a for a in args]
         self.child = ChildProcess(name, args, role)
@@ -93,7 +93,7 @@ class Controller:
             host = self.spec.host if self.spec.host not in ("0.0.0.0", "::") else self._node_ip()
             self.url = f"http://{host}:{info['http_port']}"
             self.grpc_address = f"{host}:{info['grpc_port']}"
-            self._wait_router_ready()
+            wait_for_router(self.url, self.spec.start_timeout_s, self.router.check_alive)
         threading.Thread(target=self._watch, name="epd-ray-watch", daemon=True).start()
         return {"url": self.url, "grpc_address": self.grpc_address}
 
@@ -214,23 +214,7 @@ class Controller:
     def _publish(self) -> None:
         with self._state:
             text = workers_file_text(list(self.members.values()))
-        tmp = self.workers_file.with_suffix(".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.workers_file)
-
-    def _wait_router_ready(self) -> None:
-        deadline = time.monotonic() + self.spec.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.router.exit_code() is not None:
-                raise RuntimeError(f"the router exited:\n{self.router.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=2) as reply:
-                    if reply.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"the router at {self.url} did not report ready in {self.spec.start_timeout_s:.0f} s")
+        write_atomically(self.workers_file, text)
 
     def _watch(self) -> None:
         """Replace a worker whose process (or actor) died: unlist it at once, start another."""

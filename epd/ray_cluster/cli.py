@@ -9,8 +9,7 @@ import sys
 import threading
 
 from epd.dtypes import DTYPES
-
-ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk")
+from epd.engine_args import add_passed_engine_arguments, passed_engine_args
 
 
 def add_ray_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,8 +34,7 @@ def add_ray_arguments(p: argparse.ArgumentParser) -> None:
                     help="Ray GPUs each worker actor holds (default: 1 where the cluster has GPUs, else 0)")
     up.add_argument("--transfer", choices=("grpc", "shm"), default="grpc")
     up.add_argument("--dtype", choices=DTYPES, default="auto")
-    for flag in ENGINE_FLAGS:
-        up.add_argument(flag, type=int, help="passed to every prefill / decode worker")
+    add_passed_engine_arguments(up, "prefill / decode")
     up.add_argument("--allow-url-host", action="append", default=[], metavar="HOST[:PORT]")
     up.add_argument("--otlp-endpoint", metavar="HOST:PORT")
     up.add_argument("--name", default="epd", help="the cluster's name on Ray (`epd ray scale --name`)")
@@ -63,16 +61,11 @@ def spec_from_args(args: argparse.Namespace):
     from epd.ray_cluster.plan import RayClusterSpec
     from epd.worker_args import model_dir_or_demo
 
-    engine = []
-    for flag in ENGINE_FLAGS:
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None:
-            engine += [flag, str(value)]
     return RayClusterSpec(
         model_dir=model_dir_or_demo(args.model), encoders=args.encoders, prefills=args.prefills,
         decodes=args.decodes, host=args.host, port=args.port, grpc_port=args.grpc_port,
         worker_host=args.worker_host, cpus_per_worker=args.cpus_per_worker, gpus_per_worker=args.gpus_per_worker,
-        transfer=args.transfer, dtype=args.dtype, worker_args=tuple(engine),
+        transfer=args.transfer, dtype=args.dtype, worker_args=passed_engine_args(args),
         allow_url_hosts=tuple(args.allow_url_host), otlp_endpoint=args.otlp_endpoint, log_level=args.log_level,
         start_timeout_s=args.start_timeout_s, drain_timeout_s=args.drain_timeout_s, name=args.name)
 

@@ -8,21 +8,13 @@ PR_SET_PDEATHSIG ties the child to the actor: when Ray kills the actor, the chil
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import json
 import os
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from epd.launcher import child_environment, epd_command
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):  # not Linux: Ray still stops the actor, and stop() the child
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+from epd.launcher import StartupFailed, child_environment, child_setup, epd_command, wait_for_file
 
 
 class ChildProcess:
@@ -35,7 +27,7 @@ class ChildProcess:
         self.log_path = self.run_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - open for the child's whole life
         self.proc = subprocess.Popen(epd_command() + args, stdin=subprocess.DEVNULL, stdout=self._log,
-                                     stderr=subprocess.STDOUT, preexec_fn=_die_with_parent,
+                                     stderr=subprocess.STDOUT, preexec_fn=child_setup(),
                                      start_new_session=True, env=child_environment(os.environ, None, role))
 
     def exit_code(self) -> int | None:
@@ -46,18 +38,19 @@ class ChildProcess:
             return self.log_path.read_bytes()[-limit:].decode(errors="replace")
         return ""
 
+    def check_alive(self) -> None:
+        """RuntimeError with the child's last output if it has exited."""
+        code = self.proc.poll()
+        if code is not None:
+            raise RuntimeError(f"{self.name} exited with code {code} before it was ready:\n{self.log_tail()}")
+
     def wait_ready(self, timeout_s: float) -> dict:
         """The ready file's JSON; RuntimeError (with the child's last output) if it exits or times out."""
-        deadline = time.monotonic() + timeout_s
-        while not self.ready_file.exists():
-            code = self.proc.poll()
-            if code is not None:
-                raise RuntimeError(f"{self.name} exited with code {code} before it was ready:\n{self.log_tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.name} was not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.1)
-        return json.loads(self.ready_file.read_text())
+        try:
+            return wait_for_file(self.ready_file, timeout_s, self.check_alive)
+        except StartupFailed as exc:  # timed out (a death raises from check_alive): stop it, show its output
+            self.stop()
+            raise RuntimeError(f"{exc}:\n{self.log_tail()}") from None
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM (a worker finishes the calls it has, bounded), then SIGKILL after `timeout_s`."""
