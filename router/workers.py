@@ -1,9 +1,14 @@
 """The router's view of its workers: who they are (from flags, DNS or a file), how they are (from the
 standard gRPC health check).
 
-A worker is routable only while `ready`. One failed check (or a call that found it UNAVAILABLE)
-makes it `unhealthy`; `eject_after` consecutive failures make it `ejected`; a SERVING answer
-re-admits it. Checks are bounded by `check_timeout_s`, so a hung worker costs one timeout, not a hang.
+A worker is routable only while `ready`. A failed check (NOT_SERVING, a refused connection) or a
+call that found it UNAVAILABLE makes it `unhealthy`; `eject_after` consecutive failures make it
+`ejected`; a SERVING answer re-admits it. Checks are bounded by `check_timeout_s`. A check that only
+ran out of time is a slow worker, not a dead one: a busy machine (or a router busy parsing a burst
+of requests) can take longer than the timeout to answer, and taking the only decode worker out for
+that turns load into 503s. So a ready worker leaves routing after `timeouts_to_fail` timeouts in a
+row (Kubernetes' failureThreshold, 3 by default there too): a hung worker costs a few seconds, a
+dead one is out at its first refused check.
 
 Membership changes at run time: each discovery source (router/discovery.py) reports the complete
 set of workers it sees with `set_members`. A new worker starts `starting` and joins once healthy;
@@ -58,6 +63,7 @@ class Worker:
     channel: grpc.aio.Channel
     state: str = "starting"  # starting | ready | unhealthy | ejected | draining
     failures: int = 0
+    timeouts: int = 0  # health checks in a row that ran out of time while it was ready
     outstanding: int = 0  # requests in flight on this worker
     outstanding_tokens: int = 0  # prompt tokens in flight (prefill's load measure)
     last_error: str = field(default="", repr=False)
@@ -73,12 +79,13 @@ class Worker:
 
 class WorkerRegistry:
     def __init__(self, specs: list[WorkerSpec], interval_s: float = 1.0, check_timeout_s: float = 1.0,
-                 eject_after: int = 3, supervision_file: str | None = None) -> None:
+                 eject_after: int = 3, supervision_file: str | None = None, timeouts_to_fail: int = 3) -> None:
         self.specs = specs  # the static members, from the command line
         self.supervision_file = supervision_file  # written by `epd serve`: restarts per worker address
         self.interval_s = interval_s
         self.check_timeout_s = check_timeout_s
         self.eject_after = eject_after
+        self.timeouts_to_fail = timeouts_to_fail
         self.workers: list[Worker] = []
         self._members: dict[str, set[WorkerSpec]] = {}  # discovery source -> the workers it reports
         self._task: asyncio.Task | None = None
@@ -126,8 +133,10 @@ class WorkerRegistry:
         if worker.state == "draining":
             return
         worker.failures += 1
-        worker.state = "ejected" if worker.failures >= self.eject_after else "unhealthy"
+        before, worker.state = worker.state, "ejected" if worker.failures >= self.eject_after else "unhealthy"
         worker.last_error = reason
+        if worker.state != before:
+            log.warning("%s %s is %s: %s", worker.role, worker.address, worker.state, reason)
 
     def snapshot(self) -> list[dict]:
         supervised = self._supervision()
@@ -174,13 +183,20 @@ class WorkerRegistry:
             reason = "" if serving else health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
         except grpc.aio.AioRpcError as exc:
             serving, reason = False, f"{exc.code().name}: {exc.details()}"
+            timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        else:
+            timed_out = False
         if worker.state == "draining":  # left discovery while the check ran
             return
         if serving:
             if worker.state != "ready":
                 log.info("%s %s is ready", worker.role, worker.address)
-            worker.state, worker.failures, worker.last_error = "ready", 0, ""
+            worker.state, worker.failures, worker.timeouts, worker.last_error = "ready", 0, 0, ""
         elif worker.state == "starting":
             worker.last_error = reason  # never ready yet (still loading): not routable, not an incident
+        elif timed_out and worker.state == "ready" and worker.timeouts + 1 < self.timeouts_to_fail:
+            worker.timeouts += 1  # slow, maybe busy: still routed (see the module's docstring)
+            worker.last_error = f"{reason} ({worker.timeouts} in a row)"
         else:
+            worker.timeouts = 0
             self.mark_failed(worker, reason)

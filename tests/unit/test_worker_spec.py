@@ -230,12 +230,47 @@ def test_check_rpc_error_names_code_and_details():
     assert (w.state, w.failures, w.last_error) == ("unhealthy", 1, "UNAVAILABLE: connection refused")
 
 
+TIMED_OUT = FakeAioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+
+def test_a_ready_worker_stays_routed_through_fewer_timeouts_than_timeouts_to_fail():
+    w = fake_worker(TIMED_OUT, state="ready")
+    registry = WorkerRegistry([w.spec], timeouts_to_fail=3)
+    checked(w, registry)
+    assert (w.state, w.failures, w.timeouts) == ("ready", 0, 1)
+    checked(w, registry)
+    assert (w.state, w.failures, w.timeouts, w.last_error) == (
+        "ready", 0, 2, "DEADLINE_EXCEEDED: Deadline Exceeded (2 in a row)")
+    checked(w, registry)
+    assert (w.state, w.failures, w.timeouts) == ("unhealthy", 1, 0)
+
+
+def test_an_answer_between_timeouts_starts_the_count_again():
+    w = fake_worker(TIMED_OUT, state="ready")
+    registry = WorkerRegistry([w.spec], timeouts_to_fail=2)
+    checked(w, registry)
+    w.channel.answer = SERVING
+    checked(w, registry)
+    w.channel.answer = TIMED_OUT
+    checked(w, registry)
+    assert (w.state, w.timeouts) == ("ready", 1)
+
+
+def test_a_refused_check_takes_a_ready_worker_out_at_once_even_after_timeouts():
+    w = fake_worker(TIMED_OUT, state="ready")
+    registry = WorkerRegistry([w.spec], timeouts_to_fail=3)
+    checked(w, registry)
+    w.channel.answer = FakeAioRpcError(grpc.StatusCode.UNAVAILABLE, "connection refused")
+    checked(w, registry)
+    assert (w.state, w.failures, w.timeouts) == ("unhealthy", 1, 0)
+
+
 def test_check_timeouts_eject_after_consecutive_failures():
-    w = fake_worker(FakeAioRpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), state="ready")
-    registry = WorkerRegistry([w.spec], eject_after=2)
+    w = fake_worker(TIMED_OUT, state="ready")
+    registry = WorkerRegistry([w.spec], eject_after=2, timeouts_to_fail=1)
     checked(w, registry)
     assert w.state == "unhealthy"
-    checked(w, registry)
+    checked(w, registry)  # no longer ready: each timeout is a failure
     assert (w.state, w.failures, w.last_error) == ("ejected", 2, "DEADLINE_EXCEEDED: Deadline Exceeded")
 
 
