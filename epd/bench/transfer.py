@@ -141,7 +141,9 @@ def fetch_timings(peer: Peer, repeats: int, receiver) -> list[float]:
         return time.perf_counter() - started
 
     one()  # warm-up: channel set-up, and for nccl the group's rendezvous
-    return [one() for _ in range(repeats)]
+    timings = [one() for _ in range(repeats)]
+    receiver.wait_for_acks()  # while the peer still runs to answer them
+    return timings
 
 
 def socket_timings(peer: Peer, size_bytes: int, repeats: int) -> list[float]:

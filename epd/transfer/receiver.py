@@ -18,6 +18,7 @@ import torch
 
 from epd import tracing
 from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
+from epd.transfer.acks import AckQueue
 from epd.transfer.assembly import Copier, PullAssembler, check_bool
 from epd.transfer.channels import ChannelPool
 from epd.transfer.chunks import decode_chunk
@@ -65,6 +66,7 @@ class TransferReceiver:
         self._pairs = PullerPairs()
         receive_limit = MAX_CHUNK_BYTES + CHUNK_HEADROOM_BYTES
         self._channels = ChannelPool(max_channels, [("grpc.max_receive_message_length", receive_limit)])
+        self._acks = AckQueue(self._ack)
 
     def fetch(
         self,
@@ -90,7 +92,7 @@ class TransferReceiver:
                 self._ack(handle)
             raise
         elapsed = time.monotonic() - started
-        self._ack(handle)
+        self._acks.submit(handle)  # the tensors are ours now: no need to wait for the owner (epd.transfer.acks)
         TRANSFER_BYTES.labels(kind=kind, backend=backend).inc(handle.size_bytes)
         TRANSFER_SECONDS.labels(kind=kind, backend=backend).observe(elapsed)
         return [(meta.name, tensor) for meta, tensor in zip(metas, tensors, strict=True)]
@@ -102,8 +104,14 @@ class TransferReceiver:
         """
         return self._ack(handle)
 
+    def wait_for_acks(self, timeout_s: float = _ACK_TIMEOUT_S) -> bool:
+        """True once every fetch's ack has been answered (the owner has freed what it can); False on timeout."""
+        return self._acks.wait(timeout_s)
+
     def close(self) -> None:
-        """Close every channel (cancelling fetches still running on them) and drop every group."""
+        """Let pending acks land (bounded), then close every channel (cancelling fetches still running on them)
+        and drop every group."""
+        self._acks.close(_ACK_TIMEOUT_S)
         self._channels.close()
         self._pairs.close()
 

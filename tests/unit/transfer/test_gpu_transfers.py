@@ -26,6 +26,7 @@ def _round_trip(backend: str) -> None:
                 [(name, got)] = receiver.fetch(handle, [meta], "kv")
                 assert name == "payload" and got.device == device
                 assert torch.equal(got.cpu(), expected_payload(SIZE))
+                assert receiver.wait_for_acks()
                 assert not receiver.release(handle)  # fetch acked already: the owner freed it
     finally:
         receiver.close()

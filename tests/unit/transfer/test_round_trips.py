@@ -61,6 +61,7 @@ def test_round_trip_is_bit_exact_and_frees_the_lease(make_owner, receiver, backe
     assert_bit_equal(got, tensors)
     got[0][1].add_(1.0)  # fetched tensors are fresh and writable, not views of the sender's
     assert not torch.equal(got[0][1], tensors[0][1])
+    assert receiver.wait_for_acks()  # the fetch acks without waiting for the answer
     assert owner.lookup(handle.handle_id) is None and owner.metas(handle.handle_id) is None
     assert released.calls == 1
     assert sample("epd_leases_active", kind="embedding") == leases0
@@ -112,6 +113,7 @@ def test_publish_of_no_tensors_round_trips(make_owner, receiver, backend):
     handle = owner.publish([], "embedding", ttl_s=30.0)
     assert handle.size_bytes == 0
     assert receiver.fetch(handle, [], "embedding") == []
+    assert receiver.wait_for_acks()
     assert owner.lookup(handle.handle_id) is None
 
 

@@ -23,6 +23,7 @@ def test_fetched_tensors_survive_the_release_and_stay_private(make_owner, receiv
     path = segment_path(owner.shm_dir, handle.shm_segment_name)
     fds = _open_fds()
     got = receiver.fetch(handle, metas_of(tensors), "kv")
+    assert receiver.wait_for_acks()
     assert not os.path.exists(path) and my_segments() == set()  # acked: the owner unlinked it
     assert _open_fds() == fds
     assert_bit_equal(got, tensors)  # still readable after the unlink
