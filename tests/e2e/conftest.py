@@ -61,6 +61,19 @@ def reference(model_dir: str, image_indices: tuple[int, ...], max_tokens: int, t
     return ids, text_out
 
 
+def assert_one_image_answer_is_the_reference(base_url: str, family: str, model_dir: str, max_tokens: int) -> None:
+    """The openai client's greedy answer about pattern image 1 equals transformers', ids and text."""
+    import openai
+
+    expected_ids, expected_text = reference(model_dir, (1,), max_tokens)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+        model=family, messages=openai_messages([data_url(pattern_image(1))]), max_tokens=max_tokens,
+        temperature=0, extra_body={"return_token_ids": True})
+    assert (reply.choices[0].model_extra or {}).get("token_ids") == expected_ids
+    assert reply.choices[0].message.content == expected_text
+
+
 class _Images(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # /img/<index>.png
         try:
