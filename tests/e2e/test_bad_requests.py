@@ -9,10 +9,8 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import struct
 import threading
 import time
-import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
@@ -22,6 +20,7 @@ import pytest
 from epd.v1 import common_pb2, router_pb2, router_pb2_grpc
 from tests.e2e.cluster import start_cluster
 from tests.e2e.conftest import data_url, openai_messages, pattern_image, png_bytes, reference
+from tests.png_bombs import png_claiming
 
 MIB = 1024 * 1024
 LIMITS = {"EPD_MAX_BODY_BYTES": str(8 * MIB), "EPD_MAX_IMAGE_BYTES": str(11 * MIB // 2),
@@ -89,16 +88,6 @@ def cluster(e2e_dirs, allowed):
     running = start_cluster(e2e_dirs["kimi_k25"], "--allow-url-host", allowed[0].removeprefix("http://"), env=LIMITS)
     yield running
     assert running.stop() == 0
-
-
-def _png_claiming(width: int, height: int) -> bytes:
-    """A valid PNG header declaring width x height, with one tiny IDAT: a decompression bomb's shape."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(
-        b"IEND", b"")
 
 
 def _b64(data: bytes, mime: str = "image/png") -> str:
@@ -200,8 +189,8 @@ def _corpus(trap_port: int, allowed: str) -> list[tuple[str, bytes | dict, str |
         ("html by URL", _with_image(f"{allowed}/html"), image_param),
         ("json by URL", _with_image(f"{allowed}/json"), image_param),
         ("not found by URL", _with_image(f"{allowed}/missing.png"), image_param),
-        ("png claiming 30000x30000", _with_image(_b64(_png_claiming(30000, 30000))), image_param),
-        ("png claiming 9000x9000", _with_image(_b64(_png_claiming(9000, 9000))), image_param),
+        ("png claiming 30000x30000", _with_image(_b64(png_claiming(30000, 30000))), image_param),
+        ("png claiming 9000x9000", _with_image(_b64(png_claiming(9000, 9000))), image_param),
         ("1x300 image", _with_image(_image_of((1, 300))), image_param),
         ("300x1 image", _with_image(_image_of((300, 1))), image_param),
         ("2x500 image", _with_image(_image_of((2, 500))), image_param),

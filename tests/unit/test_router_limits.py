@@ -16,6 +16,7 @@ from router.image_source import ImageLimits, check_dimensions, decode_image
 from router.limit_args import add_limit_arguments, image_limits, request_limits
 from router.limits import context_length, fit_max_tokens, parse_json_body, read_body_capped
 from router.offload import Offload
+from tests.png_bombs import png_claiming
 
 
 async def _chunks(*parts: bytes):
@@ -229,18 +230,6 @@ def test_bad_flags():
         image_limits(_args(["--image-formats", "png,exe"]))
 
 
-def _png_claiming(width: int, height: int) -> bytes:
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(
-        b"IEND", b"")
-
-
 @pytest.mark.parametrize("side", [30000, 9000])
 def test_a_png_claiming_a_huge_size_is_refused_before_any_pixel_is_decoded(side, monkeypatch):
     from PIL import ImageFile
@@ -254,7 +243,7 @@ def test_a_png_claiming_a_huge_size_is_refused_before_any_pixel_is_decoded(side,
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", load)
     with pytest.raises(RequestError, match="pixels"):
-        decode_image(_png_claiming(side, side), ImageLimits())
+        decode_image(png_claiming(side, side), ImageLimits())
     assert loads == []
-    assert decode_image(_png_claiming(4, 4), ImageLimits()).size == (4, 4)
+    assert decode_image(png_claiming(4, 4), ImageLimits()).size == (4, 4)
     assert loads and set(loads) == {(4, 4)}  # the same file, small, is decoded: the probe works
