@@ -28,8 +28,11 @@ from epd.ray_cluster.plan import (
     workers_file_text,
 )
 from epd.ray_cluster.process import ChildProcess
+from epd.ray_cluster.replacement import STARTED, STOPPING, replace_with_backoff
+from epd.supervision import RestartPolicy, RestartState
 
 log = logging.getLogger(__name__)
+RESTART_POLICY = RestartPolicy()  # the one `epd serve` uses
 
 
 class WorkerActor:
@@ -76,6 +79,9 @@ class Controller:
         self.url = ""
         self.grpc_address = ""
         self.restarts = dict.fromkeys(WORKER_ROLES, 0)
+        self.gave_up: dict[str, str] = {}  # role -> why a dead worker of it was not replaced
+        self._histories = {role: RestartState() for role in WORKER_ROLES}  # one replacement slot per role
+        self._ready_at: dict[str, float] = {}  # name -> when it was listed
         self._state = threading.Lock()  # members / actors / numbers
         self._scaling = threading.Lock()  # one scale (or start, or stop) at a time
         self._stopping = threading.Event()
@@ -126,6 +132,7 @@ class Controller:
     def status(self) -> dict:
         with self._state:
             return {"url": self.url, "grpc_address": self.grpc_address, "restarts": dict(self.restarts),
+                    "gave_up": dict(self.gave_up),
                     "workers": [asdict(m) for m in sorted(self.members.values(), key=lambda m: (m.role, m.name))]}
 
     # --- internals ----------------------------------------------------------------------------
@@ -160,6 +167,7 @@ class Controller:
             for (name, actor), member in zip(started, added, strict=True):
                 self.actors[name] = (role, actor)
                 self.members[name] = member
+                self._ready_at[name] = time.monotonic()
         self._publish()
         return added
 
@@ -235,6 +243,7 @@ class Controller:
                         self._replace(role, name, code)
 
     def _replace(self, role: str, name: str, code: int) -> None:
+        """Unlist and stop the dead worker at once, then start another under the restart policy."""
         log.warning("%s exited with code %s: replacing it", name, code)
         with self._scaling:
             if self._stopping.is_set():
@@ -242,14 +251,25 @@ class Controller:
             with self._state:
                 self.members.pop(name, None)
                 entry = self.actors.pop(name, None)
+                up_s = time.monotonic() - self._ready_at.pop(name, time.monotonic())
                 self.restarts[role] += 1
             self._publish()
             if entry:
                 self._stop_actors([entry[1]])
-            try:
-                self._start_workers(role, 1)
-            except Exception:
-                log.exception("a replacement %s did not start", role)
+
+        def start_one() -> None:
+            with self._scaling:  # not held while backing off: scale calls go on meanwhile
+                if not self._stopping.is_set():
+                    self._start_workers(role, 1)
+
+        outcome = replace_with_backoff(start_one, self._histories[role], RESTART_POLICY, code, up_s,
+                                       self._stopping.wait)
+        with self._state:
+            if outcome == STARTED:
+                self.gave_up.pop(role, None)
+            elif outcome != STOPPING:
+                log.error("gave up replacing a %s worker: %s", role, outcome)
+                self.gave_up[role] = outcome
 
     def _node_ip(self) -> str:
         import ray

@@ -1,9 +1,13 @@
 """`epd ray up` on a real local Ray cluster: answers equal transformers through the openai client, and
-decode scales 1 → 2 → 1 with `epd ray scale` while requests flow, with no request failing."""
+decode scales 1 → 2 → 1 with `epd ray scale` while requests flow, with no request failing, and a killed
+decode worker is replaced."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -13,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.cluster import EPD, free_port, start_cluster, until, worker_states
+from tests.e2e.cluster import EPD, cmdline, free_port, start_cluster, until, worker_states
 from tests.e2e.conftest import data_url, openai_messages, pattern_image, reference
 
 pytest.importorskip("ray")
@@ -41,6 +45,18 @@ def decode_workers(url: str) -> dict[str, dict]:
     """The router's decode workers: address -> its /workers entry."""
     workers = httpx.get(f"{url}/workers", timeout=10).json()["workers"]
     return {w["address"]: w for w in workers if w["role"] == "decode"}
+
+
+def decode_processes(model: str) -> list[int]:
+    """Pids of `epd decode` processes serving `model` (the workers the Ray actors run)."""
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and f" decode --model {model} " in cmdline(int(p.name))]
+
+
+def ray_status(address: str) -> dict:
+    done = subprocess.run([*EPD, "ray", "status", "--address", address], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_ray_up_answers_like_transformers_and_scales_decode_without_failures(e2e_dirs, ray_head):
@@ -95,6 +111,17 @@ def test_ray_up_answers_like_transformers_and_scales_decode_without_failures(e2e
         assert failures == []
         assert set(answers) == {expected}, "every answer equals transformers'"
         assert second not in worker_states(cluster.url)
+
+        # The last decode worker's process is killed: the controller unlists it, starts another after
+        # the restart policy's delay, and the cluster answers as before.
+        until(lambda: len(decode_processes(model)) == 1, 60, "the drained decode worker's process is still there")
+        (victim,) = decode_processes(model)
+        os.kill(victim, signal.SIGKILL)
+        until(lambda: ray_status(ray_head)["restarts"]["decode"] == 1 and decode_workers(cluster.url).keys() - first
+              and all(w["state"] == "ready" for w in decode_workers(cluster.url).values()), 180,
+              "the killed decode worker was not replaced")
+        assert ray_status(ray_head)["gave_up"] == {}
+        assert ask() == expected
     finally:
         code = cluster.stop(120)
     assert code == 0, "".join(cluster.output)
