@@ -66,7 +66,7 @@ class TransferReceiver:
         self._pairs = PullerPairs()
         receive_limit = MAX_CHUNK_BYTES + CHUNK_HEADROOM_BYTES
         self._channels = ChannelPool(max_channels, [("grpc.max_receive_message_length", receive_limit)])
-        self._acks = AckQueue(self._ack)
+        self._acks = AckQueue(lambda item: self._ack(*item))  # (handle, the fetch's trace metadata)
 
     def fetch(
         self,
@@ -92,7 +92,8 @@ class TransferReceiver:
                 self._ack(handle)
             raise
         elapsed = time.monotonic() - started
-        self._acks.submit(handle)  # the tensors are ours now: no need to wait for the owner (epd.transfer.acks)
+        # The tensors are ours now: no need to wait for the owner (epd.transfer.acks).
+        self._acks.submit((handle, tracing.current_metadata()))
         TRANSFER_BYTES.labels(kind=kind, backend=backend).inc(handle.size_bytes)
         TRANSFER_SECONDS.labels(kind=kind, backend=backend).observe(elapsed)
         return [(meta.name, tensor) for meta, tensor in zip(metas, tensors, strict=True)]
@@ -316,10 +317,11 @@ class TransferReceiver:
             raise TransferError(grpc.StatusCode.DEADLINE_EXCEEDED, "no time left for the transfer", **where)
         return remaining
 
-    def _ack(self, handle: common_pb2.TransferHandle) -> bool:
+    def _ack(self, handle: common_pb2.TransferHandle, metadata: tuple = ()) -> bool:
         stub = transfer_pb2_grpc.TransferStub(self._channels.get(handle.owner_address))
         try:
-            reply = stub.Release(transfer_pb2.ReleaseRequest(handle_id=handle.handle_id), timeout=_ACK_TIMEOUT_S)
+            reply = stub.Release(transfer_pb2.ReleaseRequest(handle_id=handle.handle_id), timeout=_ACK_TIMEOUT_S,
+                                 metadata=metadata or None)
         except grpc.RpcError as err:
             logger.warning("%s; the owner frees it at its TTL", _from_rpc(err, handle, "release"))
             return False

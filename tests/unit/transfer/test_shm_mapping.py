@@ -19,6 +19,7 @@ def test_fetched_tensors_survive_the_release_and_stay_private(make_owner, receiv
     owner = make_owner("shm")
     tensors = payload()
     receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")  # opens the ack channel
+    assert receiver.wait_for_acks()  # its ack (sent after the fetch returned) has connected too
     handle = owner.publish(tensors, "kv", ttl_s=30.0)
     path = segment_path(owner.shm_dir, handle.shm_segment_name)
     fds = _open_fds()
