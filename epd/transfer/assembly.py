@@ -20,9 +20,13 @@ from epd.v1 import common_pb2, transfer_pb2
 from epd.wire.tensors import dtype_from_proto
 
 
-def allocate(meta: common_pb2.TensorMeta) -> tuple[torch.Tensor, np.ndarray]:
-    """A fresh tensor for `meta` and a [nbytes] uint8 numpy view of its storage to write into."""
-    tensor = torch.empty(tuple(meta.shape), dtype=dtype_from_proto(meta.dtype))
+def _empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+def allocate(meta: common_pb2.TensorMeta, empty=_empty) -> tuple[torch.Tensor, np.ndarray]:
+    """A tensor for `meta` from `empty(shape, dtype)` and a [nbytes] uint8 numpy view of it to write into."""
+    tensor = empty(tuple(meta.shape), dtype_from_proto(meta.dtype))
     return tensor, tensor.reshape(-1).view(torch.uint8).numpy()  # view: [numel * itemsize]
 
 
@@ -72,11 +76,12 @@ class PullAssembler:
     """Feed `add` every chunk in order, then `finish` for the tensors (in meta order).
 
     `copy(target, data)` moves a chunk's bytes into place (a Copier's, to overlap copying with receiving;
-    inline by default); `finish` may be called only once every copy handed to it is done.
+    inline by default); `finish` may be called only once every copy handed to it is done. `empty(shape,
+    dtype)` makes each tensor (torch.empty by default; a receiver's warm ReceiveBuffers).
     """
 
     def __init__(self, metas: Sequence[common_pb2.TensorMeta], nbytes: Sequence[int], handle_id: str, owner: str,
-                 copy=_copy_inline):
+                 copy=_copy_inline, empty=_empty):
         self._metas = list(metas)
         self._nbytes = list(nbytes)
         self._where = {"handle_id": handle_id, "owner_address": owner}
@@ -84,6 +89,7 @@ class PullAssembler:
         self._buffer: np.ndarray | None = None  # byte view of the tensor being filled
         self._filled = 0  # bytes of the current tensor received so far
         self._copy = copy
+        self._empty = empty
 
     def add(self, chunk: transfer_pb2.PullChunk) -> None:
         """Copy one chunk into place; TransferError(DATA_LOSS) if it does not fit the metadata."""
@@ -120,7 +126,7 @@ class PullAssembler:
         expected = self._metas[index]
         if meta != expected:
             self._fail(f"tensor {index} is {_describe(meta)}, expected {_describe(expected)}")
-        tensor, self._buffer = allocate(expected)
+        tensor, self._buffer = allocate(expected, self._empty)
         self._tensors.append(tensor)
         self._filled = 0
 

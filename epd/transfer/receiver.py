@@ -20,6 +20,7 @@ from epd import tracing
 from epd.metrics import TRANSFER_BYTES, TRANSFER_SECONDS
 from epd.transfer.acks import AckQueue
 from epd.transfer.assembly import Copier, PullAssembler, check_bool
+from epd.transfer.buffers import DEFAULT_MAX_BYTES, ReceiveBuffers
 from epd.transfer.channels import ChannelPool
 from epd.transfer.chunks import decode_chunk
 from epd.transfer.errors import TransferError
@@ -44,7 +45,11 @@ _BACKENDS = (common_pb2.TRANSFER_BACKEND_GRPC, common_pb2.TRANSFER_BACKEND_SHM, 
 
 
 class TransferReceiver:
-    """Fetches handles from any owner. Thread-safe; `close()` when done to close the channels."""
+    """Fetches handles from any owner. Thread-safe; `close()` when done to close the channels.
+
+    Large gRPC pulls land in warm buffers of a pool of `buffer_pool_bytes` (epd.transfer.buffers; 0 for
+    none): a buffer is reused once nothing views the tensors fetched into it.
+    """
 
     def __init__(
         self,
@@ -54,6 +59,7 @@ class TransferReceiver:
         max_channels: int = 64,
         shm_dir: str = "/dev/shm",
         device: str | torch.device = "cpu",
+        buffer_pool_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"transfer timeout_s must be > 0, got {timeout_s}")
@@ -64,6 +70,7 @@ class TransferReceiver:
         self._shm_dir = shm_dir
         self._device = torch.device(device)  # where nccl receives land (gloo ones in CPU memory)
         self._pairs = PullerPairs()
+        self._buffers = ReceiveBuffers(buffer_pool_bytes)  # warm memory for large pulls (epd.transfer.buffers)
         receive_limit = MAX_CHUNK_BYTES + CHUNK_HEADROOM_BYTES
         self._channels = ChannelPool(max_channels, [("grpc.max_receive_message_length", receive_limit)])
         self._acks = AckQueue(lambda item: self._ack(*item))  # (handle, the fetch's trace metadata)
@@ -113,6 +120,7 @@ class TransferReceiver:
         """Let pending acks land (bounded), then close every channel (cancelling fetches still running on them)
         and drop every group."""
         self._acks.close(_ACK_TIMEOUT_S)
+        self._buffers.clear()
         self._channels.close()
         self._pairs.close()
 
@@ -198,7 +206,7 @@ class TransferReceiver:
         request = transfer_pb2.PullRequest(handle_id=handle.handle_id, max_chunk_bytes=self._max_chunk_bytes)
         copier = Copier() if handle.size_bytes >= _COPIER_MIN_BYTES else None
         assembler = PullAssembler(metas, nbytes, handle.handle_id, handle.owner_address,
-                                  **({"copy": copier.copy} if copier else {}))
+                                  **({"copy": copier.copy} if copier else {}), empty=self._buffers.tensor)
         stream = pull(request, timeout=remaining, metadata=tracing.current_metadata())
         try:
             for chunk in stream:

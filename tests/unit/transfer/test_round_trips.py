@@ -143,3 +143,22 @@ def test_shm_handle_is_pulled_over_grpc_when_the_segment_is_not_visible(make_own
     assert_bit_equal(got, tensors)
     assert sample("epd_transfer_bytes_total", kind="kv", backend="grpc") == bytes0 + handle.size_bytes
     assert handle.shm_segment_name not in my_segments()
+
+
+def test_large_pulls_land_in_warm_buffers_that_a_kept_tensor_keeps_to_itself(make_owner, receiver):
+    owner = make_owner("grpc")
+
+    def pull(fill: int) -> torch.Tensor:
+        tensors = [("kv", torch.full((5, 1 << 20), fill, dtype=torch.uint8))]  # 5 MiB: over the pool's minimum
+        [(_, got)] = receiver.fetch(owner.publish(tensors, "kv", ttl_s=30.0), metas_of(tensors), "kv")
+        return got
+
+    kept = pull(1)
+    other = pull(2)
+    assert other.data_ptr() != kept.data_ptr()
+    assert bool((kept == 1).all()) and bool((other == 2).all())
+    kept_ptr = kept.data_ptr()
+    del kept
+    reused = pull(3)
+    assert reused.data_ptr() == kept_ptr and bool((reused == 3).all()) and bool((other == 2).all())
+    assert receiver.wait_for_acks()
