@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epd import tls, tracing
 from epd.files import write_atomically
+from epd.malloc import keep_freed_memory_warm
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
 from epd.threads import single_threaded
@@ -72,6 +73,7 @@ def start_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc
 
     add_services(server, address) registers the role's servicers and returns their full service names.
     """
+    keep_freed_memory_warm()  # requests' buffers reuse warm memory (epd.malloc)
     # Handler threads only move bytes: no OpenMP team of their own (see epd.threads).
     pool = ThreadPoolExecutor(options.threads, thread_name_prefix=f"epd-{role}", initializer=single_threaded)
     interceptors = [ErrorMappingInterceptor(role)]

@@ -227,6 +227,7 @@ def receiver_device(backend: str):
 
 def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
     """One backend's figures (its own child process), the limit measured right after it."""
+    from epd.malloc import keep_freed_memory_warm
     from epd.transfer import TransferReceiver
 
     if backend == "cuda_ipc":
@@ -234,6 +235,7 @@ def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
 
         if not torch.cuda.is_available():
             raise ValueError("--backend cuda_ipc needs a CUDA device, and this machine has none")
+    keep_freed_memory_warm()  # as a worker does at start: this process is the receiving worker here
     device = receiver_device(backend)
     receiver = TransferReceiver(timeout_s=120.0, device=device)
     try:

@@ -57,10 +57,12 @@ def serve(conn, backend: str, size_bytes: int) -> None:
     """Serve commands from `conn` (send_bytes / recv_bytes) until "quit" or the pipe closes."""
     import grpc
 
+    from epd.malloc import keep_freed_memory_warm
     from epd.transfer import TransferSender, add_transfer_service
     from epd.wire.tensors import meta_of
     from epd.worker import GRPC_OPTIONS
 
+    keep_freed_memory_warm()  # as a worker does at start (epd.worker)
     payload = expected_payload(size_bytes).to(payload_device(backend))  # [size_bytes]
     sender = TransferSender(backend, "")
     server = grpc.server(ThreadPoolExecutor(max_workers=8), options=GRPC_OPTIONS)
