@@ -227,7 +227,6 @@ def receiver_device(backend: str):
 
 def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
     """One backend's figures (its own child process), the limit measured right after it."""
-    from epd.malloc import keep_freed_memory_warm
     from epd.transfer import TransferReceiver
 
     if backend == "cuda_ipc":
@@ -235,7 +234,6 @@ def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
 
         if not torch.cuda.is_available():
             raise ValueError("--backend cuda_ipc needs a CUDA device, and this machine has none")
-    keep_freed_memory_warm()  # as a worker does at start: this process is the receiving worker here
     device = receiver_device(backend)
     receiver = TransferReceiver(timeout_s=120.0, device=device)
     try:
@@ -259,6 +257,9 @@ def measure(backend: str, size_bytes: int, repeats: int) -> BackendFigures:
 def run_transfer_bench(backends: Sequence[str], size_mb: float, repeats: int) -> dict[str, BackendFigures]:
     if not size_mb > 0 or repeats < 1:
         raise ValueError("--size-mb must be > 0 and --repeats >= 1")
+    from epd.malloc import keep_freed_memory_warm
+
+    keep_freed_memory_warm()  # as a worker does at start: this process is the receiving worker here
     size_bytes = int(size_mb * (1 << 20))
     return {backend: measure(backend, size_bytes, repeats) for backend in backends}
 

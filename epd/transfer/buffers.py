@@ -2,8 +2,8 @@
 
 A pull fills a fresh tensor, and a fresh large tensor is fresh pages: glibc maps every allocation
 over its mmap threshold (32 MiB at most) anew and unmaps it on free, so each 64 MB pull faulted in
-16k zeroed pages while receiving. Measured here that is a fifth of a pull's time, and on a VM whose
-host reclaims freed guest memory a pull now and then ran at a third of its usual speed. The raw
+16k zeroed pages while receiving. Measured here that is a fifth of a pull's time, and on this VM,
+whose page faults are uneven, a pull now and then ran at a third of its usual speed. The raw
 socket it is measured against receives into one warm buffer; so do serving systems that receive into
 registered buffers.
 
@@ -52,10 +52,8 @@ class ReceiveBuffers:
 
     def tensor(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         """Uninitialized contents, like torch.empty (a reused buffer holds its last pull's bytes)."""
-        nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-        if nbytes < self._min_bytes or nbytes > self._max_bytes:
-            return torch.empty(tuple(shape), dtype=dtype)
-        buffer = self._take(nbytes)
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        buffer = self._take(nbytes) if self._min_bytes <= nbytes <= self._max_bytes else None
         if buffer is None:
             return torch.empty(tuple(shape), dtype=dtype)
         return torch.frombuffer(buffer, dtype=torch.uint8, count=nbytes).view(dtype).reshape(tuple(shape))
