@@ -56,6 +56,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     decode.set_defaults(bench_run=_decode)
 
+    ceiling = commands.add_parser("ceiling", help="the highest cluster / hf throughput ratio this machine allows: "
+                                                  "hf's sequential time over the front end's CPU cost")
+    ceiling.add_argument("--model", required=True, metavar="DIR", help="checkpoint directory")
+    ceiling.add_argument("--workload", choices=WORKLOAD_NAMES, default="image-1")
+    ceiling.add_argument("--requests", type=int, default=16)
+    ceiling.add_argument("--output-len", type=int, default=48, help="tokens per request")
+    ceiling.add_argument("--dtype", choices=DTYPES, default="auto")
+    ceiling.add_argument("--seed", type=int, default=0)
+    ceiling.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    ceiling.set_defaults(bench_run=_ceiling)
+
     transfer = commands.add_parser("transfer", help="GB/s of each transfer backend through the project's code, "
                                                     "beside the raw limit of its medium, in one run")
     transfer.add_argument("--backend", default="grpc,shm,nccl", help="comma-separated: grpc,shm,nccl,cuda_ipc")
@@ -101,6 +112,18 @@ def _decode(args: argparse.Namespace) -> int:
     print(format_decode(result))
     if table:
         print(table)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    return 0
+
+
+def _ceiling(args: argparse.Namespace) -> int:
+    from epd.bench.ceiling import format_ceiling, run_ceiling
+
+    if args.requests < 1 or args.output_len < 1:
+        raise ValueError("--requests and --output-len must be >= 1")
+    result = run_ceiling(args.model, args.workload, args.requests, args.output_len, args.dtype, args.seed)
+    print(format_ceiling(result))
     if args.json:
         print(json.dumps(result.to_dict()))
     return 0

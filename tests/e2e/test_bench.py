@@ -90,3 +90,18 @@ def test_compare_hf_against_a_server(stub, tmp_path, capsys):
     assert hf["median"]["failures"] == 0 and hf["median"]["ttft_p50_ms"] > 0
     assert report["ratios"]["output_tok_per_s / hf"]["hf"] == 1.0
     assert report["ratios"]["output_tok_per_s / colocated"] is None
+
+
+def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, capsys):
+    model_dir = make_tiny_model("kimi_k25", "tiny", tmp_path / "kimi", seed=7)
+    code = cli.main(["bench", "ceiling", "--model", str(model_dir), "--requests", "2", "--output-len", "4",
+                     "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    report = json.loads(out[-1])
+    assert len(report["front_end_cpu_s"]) == 2 and all(s > 0 for s in report["front_end_cpu_s"])
+    assert report["hf_wall_s"] > 0 and report["decode_floor_s"] > 0
+    # The ceiling is hf's time over the fastest possible time, and decoding for free only raises it.
+    assert report["max_ratio"] == report["hf_wall_s"] / report["min_wall_s"]
+    assert report["max_ratio_free_decode"] > report["max_ratio"]
+    assert "cluster / hf at most" in out[-2]

@@ -19,3 +19,8 @@ def test_bad_values_exit_2_with_a_message(capsys):
     assert cli.main(["bench", "compare", "--model", "/m", "--workload", "text", "--skip", "vllm"]) == 2
     assert "--skip: unknown vllm" in capsys.readouterr().err
     assert cli.main(["bench", "run", "--url", "http://127.0.0.1:9", "--slo", "speed=1"]) == 2
+
+
+def test_ceiling_refuses_an_empty_run(capsys):
+    assert cli.main(["bench", "ceiling", "--model", "/m", "--output-len", "0"]) == 2
+    assert "--requests and --output-len must be >= 1" in capsys.readouterr().err

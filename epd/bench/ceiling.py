@@ -1,0 +1,110 @@
+"""`epd bench ceiling`: the best `cluster ÷ hf` throughput ratio this machine allows, measured.
+
+Batching removes decode's per-step cost, not the vision tower's or the prompt forward's: every
+request still needs its image encoded and its prompt run once, with the same transformers modules
+`generate` uses. So however well a server batches, N requests take at least
+
+    Σ (vision + prompt forward CPU-seconds of each request, at one thread) / cores   # the front end
+    + output_len × (bytes a decode step must read at least) / read bandwidth         # the decode floor
+
+of wall time, and `hf`'s sequential wall time divided by that is the highest ratio any server on
+these modules can reach here. One thread is where a forward costs the fewest CPU-seconds (no
+parallel overhead); the decode floor counts only the weights every step reads whole (dense layers
+and LM head, no experts), so both terms are low and the ceiling is generous.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    requests: int
+    output_len: int
+    cores: int
+    hf_wall_s: float  # `generate`, one request at a time, default threads
+    front_end_cpu_s: tuple[float, ...]  # per request: processor output -> vision tower + prompt forward, 1 thread
+    decode_floor_s: float  # output_len steps, each reading the dense weights once at the measured bandwidth
+
+    @property
+    def hf_tok_per_s(self) -> float:
+        return self.requests * self.output_len / self.hf_wall_s
+
+    @property
+    def front_end_wall_s(self) -> float:
+        return sum(self.front_end_cpu_s) / self.cores
+
+    @property
+    def min_wall_s(self) -> float:
+        return self.front_end_wall_s + self.decode_floor_s
+
+    @property
+    def max_ratio(self) -> float:
+        return self.hf_wall_s / self.min_wall_s
+
+    @property
+    def max_ratio_free_decode(self) -> float:
+        """The ceiling even if decoding cost nothing at all."""
+        return self.hf_wall_s / self.front_end_wall_s
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "hf_tok_per_s": self.hf_tok_per_s, "front_end_wall_s": self.front_end_wall_s,
+                "min_wall_s": self.min_wall_s, "max_ratio": self.max_ratio,
+                "max_ratio_free_decode": self.max_ratio_free_decode}
+
+
+def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, output_len: int = 48,
+                dtype: str = "auto", seed: int = 0) -> Ceiling:
+    from epd.bench.decode import dense_weight_bytes, read_bandwidth_gb_per_s
+    from epd.bench.hf_baseline import HfBaseline
+    from epd.bench.workloads import WorkloadSpec, make_requests
+    from epd.dtypes import resolve_dtype
+    from epd.models.loading import load_language_model
+
+    batch = make_requests(WorkloadSpec(workload), requests, seed=seed)
+    baseline = HfBaseline(model_dir, dtype)
+    baseline.generate_one(make_requests(WorkloadSpec(workload), 1, seed=seed, stream="warmup")[0], 2)
+    _, hf_wall = baseline.run(batch, output_len)
+    front_end = tuple(_front_end_cpu_s(baseline, request) for request in batch)
+    baseline.close()
+    language = load_language_model(model_dir, resolve_dtype(dtype), torch.device("cpu"))
+    floor = output_len * dense_weight_bytes(language.model) / (read_bandwidth_gb_per_s() * 1e9)
+    return Ceiling(requests, output_len, len(os.sched_getaffinity(0)), hf_wall, front_end, floor)
+
+
+@torch.inference_mode()
+def _front_end_cpu_s(baseline, request) -> float:
+    """CPU-seconds of one request's vision tower + prompt forward (last position's logits only), one thread."""
+    inputs = baseline.processor.apply_chat_template(
+        request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
+        return_tensors="pt").to(baseline.dtype)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = float("inf")
+        for _ in range(2):  # the best of two: a run the OS interrupted costs more, never less
+            started = time.thread_time()  # this thread's CPU time: with one torch thread, all the forward's
+            baseline.model(**inputs, use_cache=True, logits_to_keep=1)
+            best = min(best, time.thread_time() - started)
+        return best
+    finally:
+        torch.set_num_threads(threads)
+
+
+def format_ceiling(c: Ceiling) -> str:
+    per_request = c.hf_wall_s / c.requests
+    front = sum(c.front_end_cpu_s) / c.requests
+    return "\n".join([
+        f"hf, one at a time: {c.hf_tok_per_s:.1f} output tok/s ({per_request * 1e3:.0f} ms per request, "
+        f"{c.requests} requests x {c.output_len} tokens)",
+        f"front end (vision tower + prompt forward, 1 thread): {front * 1e3:.0f} CPU-ms per request; "
+        f"x {c.requests} / {c.cores} cores = {c.front_end_wall_s:.2f} s",
+        f"decode floor ({c.output_len} steps reading the dense weights once each): {c.decode_floor_s:.2f} s",
+        f"fastest possible wall time: {c.min_wall_s:.2f} s -> cluster / hf at most {c.max_ratio:.2f}x "
+        f"({c.max_ratio_free_decode:.2f}x if decoding were free)",
+    ])
