@@ -63,26 +63,25 @@ def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, o
     from epd.bench.decode import dense_weight_bytes, read_bandwidth_gb_per_s
     from epd.bench.hf_baseline import HfBaseline
     from epd.bench.workloads import WorkloadSpec, make_requests
-    from epd.dtypes import resolve_dtype
-    from epd.models.loading import load_language_model
+    from epd.models.loading import drop_submodules, load_config
 
     batch = make_requests(WorkloadSpec(workload), requests, seed=seed)
     baseline = HfBaseline(model_dir, dtype)
     baseline.generate_one(make_requests(WorkloadSpec(workload), 1, seed=seed, stream="warmup")[0], 2)
     _, hf_wall = baseline.run(batch, output_len)
     front_end = tuple(_front_end_cpu_s(baseline, request) for request in batch)
+    # What a decode step reads: the loaded model minus the vision side (as the language role loads it).
+    drop_submodules(baseline.model, load_config(model_dir)[1].language_drops)
+    dense_bytes = dense_weight_bytes(baseline.model)
     baseline.close()
-    language = load_language_model(model_dir, resolve_dtype(dtype), torch.device("cpu"))
-    floor = output_len * dense_weight_bytes(language.model) / (read_bandwidth_gb_per_s() * 1e9)
+    floor = output_len * dense_bytes / (read_bandwidth_gb_per_s() * 1e9)
     return Ceiling(requests, output_len, len(os.sched_getaffinity(0)), hf_wall, front_end, floor)
 
 
 @torch.inference_mode()
 def _front_end_cpu_s(baseline, request) -> float:
     """CPU-seconds of one request's vision tower + prompt forward (last position's logits only), one thread."""
-    inputs = baseline.processor.apply_chat_template(
-        request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
-        return_tensors="pt").to(baseline.dtype)
+    inputs = baseline.inputs(request)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

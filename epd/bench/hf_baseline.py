@@ -49,14 +49,18 @@ class HfBaseline:
         self.dtype = resolve_dtype(dtype)
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype).eval()
 
+    def inputs(self, request: BenchRequest):
+        """The processor's model inputs for `request`: its chat template, tokenized, with pixel values."""
+        return self.processor.apply_chat_template(
+            request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
+            return_tensors="pt").to(self.dtype)  # casts the pixel values only; ids stay integers
+
     @torch.inference_mode()
     def generate_one(self, request: BenchRequest, output_len: int) -> RequestResult:
         started = time.perf_counter()
         timer = TokenTimer()
         try:
-            inputs = self.processor.apply_chat_template(
-                request.hf_messages(), tokenize=True, add_generation_prompt=True, return_dict=True,
-                return_tensors="pt").to(self.dtype)  # casts the pixel values only; ids stay integers
+            inputs = self.inputs(request)
             out = self.model.generate(**inputs, max_new_tokens=output_len, min_new_tokens=output_len,
                                       do_sample=False, streamer=timer)
         except Exception as exc:  # a failed request is a result, as over HTTP

@@ -87,6 +87,13 @@ def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype
     return model.eval()
 
 
+def drop_submodules(model: torch.nn.Module, paths: tuple[str, ...]) -> None:
+    """Delete the submodules at `paths` (e.g. an adapter's `language_drops`) from `model`, in place."""
+    for path in paths:
+        parent, _, leaf = path.rpartition(".")
+        delattr(model.get_submodule(parent), leaf)
+
+
 @cache
 def role_class(adapter: FamilyAdapter, role: str) -> type:
     """The family's model class, minus the other role's submodules."""
@@ -95,9 +102,7 @@ def role_class(adapter: FamilyAdapter, role: str) -> type:
 
     def __init__(self, config):
         base.__init__(self, config)
-        for path in drops:
-            parent, _, leaf = path.rpartition(".")
-            delattr(self.get_submodule(parent), leaf)
+        drop_submodules(self, drops)
 
     attrs = {"__init__": __init__, "__module__": __name__}
     if role == "encoder":
