@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -27,8 +28,10 @@ RAY = str(Path(sys.executable).parent / "ray")
 @pytest.fixture
 def ray_head(monkeypatch):
     """A Ray head (its own temp dir), token authentication on for it and every process that joins
-    (they inherit the variable; the token is ~/.ray/auth_token); `ray stop` afterwards."""
+    (they inherit both variables); `ray stop` afterwards. The token is made here: `ray start` does
+    not make one (Ray 2.60 refuses to start without it), and the user's ~/.ray stays untouched."""
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", secrets.token_hex(32))
     port = free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     env_args = ["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "8",
