@@ -59,18 +59,41 @@ def threads_sleep_between_regions(env: dict[str, str]) -> bool:
 
 
 def busy_cores_of_others(before: tuple[int, int, int], after: tuple[int, int, int], cpus: int) -> float:
-    """Cores the rest of the machine kept busy between two samples of (busy ticks of every CPU, all
-    ticks of every CPU, this process's ticks); pure, for `HostLoad` and its tests."""
+    """Cores other processes kept busy between two samples of (busy ticks of our CPUs, all ticks of
+    our CPUs, this process's ticks), `cpus` being how many CPUs are ours; pure, for `HostLoad`."""
     busy, total, own = (b - a for a, b in zip(before, after, strict=True))
     if total <= 0:
         return 0.0
     return max(busy - own, 0) / total * cpus
 
 
-class HostLoad:
-    """How busy the other processes on this machine are, from /proc (sampled at most every `period_s`).
+def cpu_ticks(stat_text: str, cpus: frozenset[int] | None) -> tuple[int, int] | None:
+    """(busy ticks, all ticks) of the given CPUs (None: all of them) from /proc/stat's text; pure.
 
-    Our own ticks are taken out, so a step that spins on every core does not look like contention.
+    None when a CPU asked for has no line (a CPU set from another machine, or an odd /proc)."""
+    busy = total = 0
+    seen: set[int] = set()
+    for line in stat_text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not name.startswith("cpu") or name == "cpu" or not name[3:].isdigit():
+            continue
+        cpu = int(name[3:])
+        if cpus is not None and cpu not in cpus:
+            continue
+        fields = [int(x) for x in rest.split()[:8]]  # user nice system idle iowait irq softirq steal
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        busy, total, seen = busy + sum(fields) - idle, total + sum(fields), seen | {cpu}
+    if not seen or (cpus is not None and seen != cpus):
+        return None
+    return busy, total
+
+
+class HostLoad:
+    """How busy other processes keep this process's CPUs, from /proc (sampled at most every `period_s`).
+
+    Only the CPUs this process may run on count: a decode worker pinned to a core of its own
+    (`--cpu-affinity auto`) is not contended by an encoder busy on the other core. Our own ticks
+    are taken out, so a step that spins on every core does not look like contention.
     """
 
     def __init__(self, period_s: float = 0.25, clock=None) -> None:
@@ -78,11 +101,13 @@ class HostLoad:
         import time
 
         self.period_s = period_s
-        self.cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.cpu_set = frozenset(mine) if mine else None
+        self.cpus = len(mine) if mine else (os.cpu_count() or 1)
         self._clock = clock or time.monotonic
         self._last = self._sample()
         self._at = self._clock()
-        self.others = 0.0  # busy cores of other processes over the last period
+        self.others = 0.0  # busy cores (of ours) of other processes over the last period
 
     def update(self) -> float:
         now = self._clock()
@@ -93,17 +118,17 @@ class HostLoad:
             self._last, self._at = sample, now
         return self.others
 
-    @staticmethod
-    def _sample() -> tuple[int, int, int] | None:
+    def _sample(self) -> tuple[int, int, int] | None:
         try:
             with open("/proc/stat") as stat:
-                fields = [int(x) for x in stat.readline().split()[1:]]
+                ticks = cpu_ticks(stat.read(), self.cpu_set)
             with open("/proc/self/stat") as own:
                 mine = own.read().rsplit(")", 1)[1].split()
         except (OSError, ValueError, IndexError):
             return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        return sum(fields) - idle, sum(fields), int(mine[11]) + int(mine[12])  # utime + stime
+        if ticks is None:
+            return None
+        return ticks[0], ticks[1], int(mine[11]) + int(mine[12])  # utime + stime
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from epd.threads import StepThreads, busy_cores_of_others, threads_sleep_between_regions
+from epd.threads import StepThreads, busy_cores_of_others, cpu_ticks, threads_sleep_between_regions
 
 
 class _Load:
@@ -39,3 +39,22 @@ def test_wait_policy_from_the_environment():
     assert threads_sleep_between_regions({"OMP_WAIT_POLICY": "passive"})
     assert threads_sleep_between_regions({"GOMP_SPINCOUNT": "0"})
     assert not threads_sleep_between_regions({"GOMP_SPINCOUNT": "10000"})
+
+
+STAT = """cpu  300 0 100 500 20 0 0 0 0 0
+cpu0 100 0 50 240 10 0 0 0 0 0
+cpu1 200 0 50 260 10 0 0 0 0 0
+intr 12345
+ctxt 678
+"""
+
+
+def test_cpu_ticks_count_only_the_cpus_asked_for():
+    assert cpu_ticks(STAT, frozenset({1})) == (250, 520)  # busy = all - idle - iowait
+    assert cpu_ticks(STAT, frozenset({0})) == (150, 400)
+    assert cpu_ticks(STAT, None) == (400, 920)  # every cpuN line, not the summary line
+
+
+def test_cpu_ticks_of_a_cpu_without_a_line_are_unknown():
+    assert cpu_ticks(STAT, frozenset({0, 5})) is None
+    assert cpu_ticks("intr 1\n", None) is None
