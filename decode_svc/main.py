@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from epd.engine_args import add_engine_arguments, engine_config
+from epd.engine_args import add_engine_arguments, decode_pacing, engine_config
 from epd.worker_args import add_worker_arguments, model_dir_or_demo, setup_logging, worker_options
 
 ROLE = "decode"
@@ -37,13 +37,14 @@ def run(args: argparse.Namespace) -> int:
 
         language = load_language_model(config.model_dir, resolve_dtype(args.dtype, device), device)
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
+        pacing = decode_pacing(args, device)
     except (ModelLoadError, ValueError) as exc:
         print(f"epd decode: {exc}", file=sys.stderr)
         return 1
-    return _serve(engine, config, options, device)
+    return _serve(engine, config, options, device, pacing)
 
 
-def _serve(engine, config, options, device) -> int:
+def _serve(engine, config, options, device, pacing) -> int:
     from decode_svc.service import DecodeService
     from decode_svc.servicer import DecodeServicer
     from epd.engine.loop import EngineLoop
@@ -52,7 +53,7 @@ def _serve(engine, config, options, device) -> int:
     from epd.worker import run_worker
 
     receiver = TransferReceiver(timeout_s=config.pull_timeout_s, device=device)
-    loop = EngineLoop(engine)
+    loop = EngineLoop(engine, pacing=pacing)
     service = DecodeService(loop, receiver, config)
 
     def add_services(server, address: str) -> list[str]:

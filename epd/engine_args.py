@@ -7,7 +7,9 @@ import argparse
 from epd.worker_args import env_default
 
 # The engine flags a launcher (`epd serve`, `epd ray up`) takes and hands to the workers it starts.
-PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk")
+PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk",
+                       "--decode-step-interval-ms")
+DEFAULT_DECODE_STEP_INTERVAL_MS = 0  # off: pacing trades inter-token latency for throughput (README)
 
 
 def add_passed_engine_arguments(p: argparse.ArgumentParser, workers: str) -> None:
@@ -44,6 +46,24 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-policy", choices=("decode_first", "fcfs"),
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
+    g.add_argument("--decode-step-interval-ms", type=int,
+                   default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
+                   help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "
+                        "prefill worker): start a decode step at most this often, so batches grow and the "
+                        "cores go to the front end; more tokens/s, slower streams (e.g. 150; default 0: "
+                        "step at once; no effect on cores of its own, on a GPU, or on prefill and "
+                        "colocated workers)")
+
+
+def decode_pacing(args: argparse.Namespace, device):
+    """The DecodePacing the flags ask for on `device`, or None (off, or a GPU: host cores do not decode)."""
+    from epd.engine.pacing import DecodePacing
+
+    if args.decode_step_interval_ms < 0:
+        raise ValueError(f"--decode-step-interval-ms must be >= 0, got {args.decode_step_interval_ms}")
+    if args.decode_step_interval_ms == 0 or getattr(device, "type", "cpu") != "cpu":
+        return None
+    return DecodePacing(args.decode_step_interval_ms / 1000)
 
 
 def engine_config(args: argparse.Namespace):

@@ -31,6 +31,8 @@ KV_BLOCKS_USED = Gauge("epd_kv_blocks_used", "KV cache blocks held by requests",
 KV_BLOCKS_TOTAL = Gauge("epd_kv_blocks_total", "KV cache blocks this worker can hold", ["role"])
 BATCH_SIZE = Histogram("epd_batch_size", "Sequences in one engine forward", ["role"],
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+PACED_SECONDS = Counter("epd_decode_paced_seconds", "Time decode steps waited while other processes kept this "
+                        "worker's CPUs busy (--decode-step-interval-ms)", ["role"])
 PREEMPTIONS = Counter("epd_scheduler_preemptions", "Sequences preempted (blocks freed, to be recomputed)", ["role"])
 
 EMBEDDING_CACHE_HITS = Counter("epd_embedding_cache_hits", "Images whose embeddings were already held", ["role"])

@@ -143,6 +143,11 @@ class Engine:
     def has_work(self) -> bool:
         return self.scheduler.has_work
 
+    @property
+    def decode_only(self) -> bool:
+        """No prompt waits or is part-way through its prefill: the next step only decodes."""
+        return not self.scheduler.waiting and not any(s.is_prefilling for s in self.scheduler.running)
+
     def step(self) -> list[StepOutput]:
         """One forward over what the scheduler picks; returns each sequence's new token (if any)."""
         out = self.scheduler.schedule()

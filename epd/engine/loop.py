@@ -20,6 +20,7 @@ import torch
 
 from epd import metrics
 from epd.engine.engine import Engine, StepOutput
+from epd.engine.pacing import DecodePacing
 from epd.engine.paged_cache import NamedTensors
 from epd.engine.scheduler import QueueFull
 from epd.engine.sequence import Finish, Sequence
@@ -80,8 +81,11 @@ class _Submit:
 
 class EngineLoop:
     def __init__(self, engine: Engine, max_inbox: int = 1024, idle_wait_s: float = 0.5,
-                 compute_threads: int | None = None) -> None:
+                 compute_threads: int | None = None, pacing: DecodePacing | None = None,
+                 host_load: HostLoad | None = None) -> None:
         self.engine = engine
+        self.pacing = pacing  # None: step as soon as there is work
+        self._host_load = host_load  # None: one made on the loop thread (from /proc)
         self.compute_threads = compute_threads  # None: torch's default for a new thread
         self.max_inbox = max_inbox
         self.idle_wait_s = idle_wait_s
@@ -129,7 +133,9 @@ class EngineLoop:
         if self.compute_threads is not None:
             set_thread_compute(self.compute_threads)
         threads = self.compute_threads or torch.get_num_threads()
-        self.engine.step_threads = StepThreads(threads, threads_sleep_between_regions(dict(os.environ)), HostLoad())
+        self._host_load = self._host_load or HostLoad()
+        passive = threads_sleep_between_regions(dict(os.environ))
+        self.engine.step_threads = StepThreads(threads, passive, self._host_load)
         while True:
             with self._wake:
                 while not self._inbox and not self.engine.has_work and not self._stop:
@@ -140,7 +146,7 @@ class EngineLoop:
             for item in pending:
                 self._take(item)
             if self.engine.has_work:
-                self._step()
+                self._pace(self._step())
             metrics.QUEUE_DEPTH.labels(self.engine.role).set(len(self.engine.scheduler.waiting))
             metrics.RUNNING.labels(self.engine.role).set(len(self.engine.scheduler.running))
         for stream in list(self._streams.values()):
@@ -170,7 +176,23 @@ class EngineLoop:
         self._streams[seq.request_id] = item.stream
         item.stream.admitted.set()
 
-    def _step(self) -> None:
+    def _pace(self, step_s: float) -> None:
+        """Wait after a decode step while other processes keep our CPUs busy (see epd.engine.pacing)."""
+        if self.pacing is None:
+            return
+        scheduler = self.engine.scheduler
+        pause = self.pacing.pause_s(step_s, self.engine.decode_only, len(scheduler.running),
+                                    scheduler.config.max_running, self._host_load.update())
+        if pause <= 0:
+            return
+        started = time.monotonic()
+        with self._wake:
+            if not self._stop:
+                self._wake.wait(pause)  # new work waits for the next step (that is the point); close() wakes
+        metrics.PACED_SECONDS.labels(self.engine.role).inc(time.monotonic() - started)
+
+    def _step(self) -> float:
+        """One engine step, its outputs handed to their streams; returns the seconds it took."""
         started = time.monotonic()
         try:
             outputs = self.engine.step()
@@ -180,7 +202,7 @@ class EngineLoop:
                 stream = self._streams.pop(seq.request_id, None)
                 if stream is not None:
                     stream.put(RuntimeError(f"the engine step failed: {exc}"))
-            return
+            return time.monotonic() - started
         for out in outputs:
             stream = self._streams.get(out.seq.request_id)
             if stream is None:
@@ -188,6 +210,7 @@ class EngineLoop:
             stream.put(out)
             if out.finish is not None:
                 del self._streams[out.seq.request_id]
-        log.debug("%s step: %d outputs in %.1f ms", self.engine.role, len(outputs),
-                  (time.monotonic() - started) * 1000)
+        took = time.monotonic() - started
+        log.debug("%s step: %d outputs in %.1f ms", self.engine.role, len(outputs), took * 1000)
+        return took
 
