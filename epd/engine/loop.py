@@ -188,7 +188,9 @@ class EngineLoop:
         started = time.monotonic()
         with self._wake:
             if not self._stop:
-                self._wake.wait(pause)  # new work waits for the next step (that is the point); close() wakes
+                # submit(), abort() and close() notify: a new sequence ends the wait (the batch it
+                # waited for has grown) and joins the very next step.
+                self._wake.wait(pause)
         metrics.PACED_SECONDS.labels(self.engine.role).inc(time.monotonic() - started)
 
     def _step(self) -> float:
