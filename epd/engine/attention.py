@@ -72,7 +72,7 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     out = query.new_empty(tokens, heads, value.shape[-1])  # [T, Hq, Dv]
     n = layout.num_decodes
     if n:
-        out[:n] = _decode_attention(query[0, :, :n], key[0, :, :n * layout.decode_kv_len],
+        out[:n] = decode_attention(query[0, :, :n], key[0, :, :n * layout.decode_kv_len],
                                     value[0, :, :n * layout.decode_kv_len], layout, scaling)
     for seg in layout.prefills:
         q = query[:, :, seg.q_start:seg.q_start + seg.q_len]  # [1, Hq, q, Dk]
@@ -84,7 +84,7 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     return out.unsqueeze(0), None
 
 
-def _decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: StepLayout,
+def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: StepLayout,
                       scaling: float | None) -> torch.Tensor:
     """One query per sequence: query [Hq, n, Dk], key [Hk, n*L, Dk], value [Hk, n*L, Dv] -> [n, Hq, Dv].
 
