@@ -61,7 +61,7 @@ def decode_pacing(args: argparse.Namespace, device):
 
     if args.decode_step_interval_ms < 0:
         raise ValueError(f"--decode-step-interval-ms must be >= 0, got {args.decode_step_interval_ms}")
-    if args.decode_step_interval_ms == 0 or getattr(device, "type", "cpu") != "cpu":
+    if args.decode_step_interval_ms == 0 or device.type != "cpu":
         return None
     return DecodePacing(args.decode_step_interval_ms / 1000)
 

@@ -82,7 +82,9 @@ def cpu_ticks(stat_text: str, cpus: frozenset[int] | None) -> tuple[int, int] | 
             continue
         fields = [int(x) for x in rest.split()[:8]]  # user nice system idle iowait irq softirq steal
         idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-        busy, total, seen = busy + sum(fields) - idle, total + sum(fields), seen | {cpu}
+        busy += sum(fields) - idle
+        total += sum(fields)
+        seen.add(cpu)
     if not seen or (cpus is not None and seen != cpus):
         return None
     return busy, total

@@ -73,7 +73,7 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     n = layout.num_decodes
     if n:
         out[:n] = decode_attention(query[0, :, :n], key[0, :, :n * layout.decode_kv_len],
-                                    value[0, :, :n * layout.decode_kv_len], layout, scaling)
+                                   value[0, :, :n * layout.decode_kv_len], layout, scaling)
     for seg in layout.prefills:
         q = query[:, :, seg.q_start:seg.q_start + seg.q_len]  # [1, Hq, q, Dk]
         k = key[:, :, seg.kv_start:seg.kv_start + seg.kv_len]  # [1, Hk, kv, Dk]
@@ -85,7 +85,7 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
 
 
 def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: StepLayout,
-                      scaling: float | None) -> torch.Tensor:
+                     scaling: float | None) -> torch.Tensor:
     """One query per sequence: query [Hq, n, Dk], key [Hk, n*L, Dk], value [Hk, n*L, Dv] -> [n, Hq, Dv].
 
     Written out rather than through SDPA: with grouped heads SDPA's CPU path expands keys to every

@@ -1,4 +1,4 @@
-"""Multi-head latent attention (DeepSeek-V3, Kimi-K2.5's language model) with the up-projection absorbed.
+"""Multi-head latent attention (DeepSeek-V3, Kimi-K2.5's language model) on the paged cache: decodes absorbed.
 
 The stock layer caches the latent `c` [K, R] and the roped key, then re-expands the WHOLE past
 through `kv_b_proj` at every step: K x R x H x (Dn + Dv) multiply-adds per layer per step, which
@@ -36,11 +36,11 @@ def _is_mla(module: torch.nn.Module) -> bool:
 
 
 def install(model: torch.nn.Module) -> int:
-    """Switch every MLA attention module in `model` to the absorbed forward; returns how many."""
-    return reroute(model, _is_mla, absorbed_forward)
+    """Switch every MLA attention module in `model` to `paged_mla_forward`; returns how many."""
+    return reroute(model, _is_mla, paged_mla_forward)
 
 
-def absorbed_forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs):
+def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs):
     """hidden_states [1, T, hidden] -> ([1, T, hidden], None); caches the latent and the roped key."""
     batch, length = hidden_states.shape[:-1]
     heads, nope, rope, rank, v_dim = (self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim,
