@@ -20,10 +20,12 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from decode_svc.config import DecodeConfig
     from epd.models.errors import ModelLoadError
+    from epd.models.processor_files import require_checkpoint_dir
 
     try:
         options = worker_options(args, long_calls=args.max_running)
         config = DecodeConfig(model_dir=model_dir_or_demo(args.model), max_running=args.max_running)
+        require_checkpoint_dir(config.model_dir)  # before torch: fail in a second
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team

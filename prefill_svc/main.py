@@ -26,10 +26,12 @@ def add_prefill_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from epd.models.errors import ModelLoadError
+    from epd.models.processor_files import require_checkpoint_dir
 
     try:
         options = worker_options(args, long_calls=args.max_running + args.max_queue)
         config = prefill_config(args)
+        require_checkpoint_dir(config.model_dir)  # before torch: fail in a second
         from epd.threads import single_threaded
 
         single_threaded()  # main only loads and waits: the compute thread gets the OpenMP team

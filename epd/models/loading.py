@@ -18,8 +18,7 @@ from transformers import AutoConfig, AutoImageProcessor, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
 from epd.models import patch_embed
-from epd.models.errors import ModelLoadError
-from epd.models.processor_files import require_image_processor_config
+from epd.models.processor_files import require_checkpoint_dir, require_image_processor_config
 from epd.models.registry import FamilyAdapter, adapter_for
 
 
@@ -45,9 +44,7 @@ class LanguageModel:
 
 
 def load_config(model_dir: str | Path) -> tuple[PretrainedConfig, FamilyAdapter]:
-    root = Path(model_dir)
-    if not (root / "config.json").is_file():
-        raise ModelLoadError(f"{root}: not a checkpoint directory (config.json is missing)")
+    root = require_checkpoint_dir(model_dir)
     config = AutoConfig.from_pretrained(root)
     return config, adapter_for(config.model_type)
 

@@ -1,4 +1,7 @@
-"""Start-up check that a checkpoint carries its image processor, before anything else is loaded.
+"""Start-up checks of a checkpoint's files, before anything else is loaded (no torch, no transformers).
+
+Importing those takes seconds; a worker pointed at a missing or incomplete checkpoint says so at once
+instead, which also keeps a supervisor's restart loop on a checkpoint that went away fast.
 
 Checkpoints keep the image processor config either in `preprocessor_config.json` (the classic
 layout) or in the `image_processor` entry of `processor_config.json` (transformers 5's layout).
@@ -15,11 +18,17 @@ PREPROCESSOR_FILE = "preprocessor_config.json"
 PROCESSOR_FILE = "processor_config.json"
 
 
-def require_image_processor_config(model_dir: str | Path) -> Path:
-    """The file that holds the image processor config; raises naming the directory and the file."""
+def require_checkpoint_dir(model_dir: str | Path) -> Path:
+    """`model_dir` as a Path if it holds a model config; raises naming the directory otherwise."""
     root = Path(model_dir)
     if not (root / "config.json").is_file():
         raise ModelLoadError(f"{root}: not a checkpoint directory (config.json is missing)")
+    return root
+
+
+def require_image_processor_config(model_dir: str | Path) -> Path:
+    """The file that holds the image processor config; raises naming the directory and the file."""
+    root = require_checkpoint_dir(model_dir)
     classic = root / PREPROCESSOR_FILE
     if classic.is_file():
         return classic

@@ -1,13 +1,15 @@
-"""require_image_processor_config and the encoder's start-up check, on tiny directories."""
+"""require_checkpoint_dir, require_image_processor_config and the workers' start-up checks, on tiny directories."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
 from epd.models.errors import MissingImageProcessorError, ModelLoadError
-from epd.models.processor_files import require_image_processor_config
+from epd.models.processor_files import require_checkpoint_dir, require_image_processor_config
 
 
 def _checkpoint(tmp_path, **files):
@@ -89,3 +91,29 @@ def test_load_encoder_fails_before_loading_a_model(tmp_path):
         load_encoder(root)
     assert str(tmp_path) in str(excinfo.value)
     assert "preprocessor_config.json" in str(excinfo.value)
+
+
+def test_checkpoint_dir_needs_config_json(tmp_path):
+    assert require_checkpoint_dir(str(_checkpoint(tmp_path))) == tmp_path
+    with pytest.raises(ModelLoadError, match="config.json is missing") as excinfo:
+        require_checkpoint_dir(tmp_path / "gone")
+    assert str(tmp_path / "gone") in str(excinfo.value)
+
+
+# A supervisor restarting a worker whose checkpoint went away would otherwise pay torch's and
+# transformers' import (seconds) on every try before hearing why.
+_RUN_ROLE = """
+import sys
+from epd.cli import main
+code = main([sys.argv[1], "--model", sys.argv[2]])
+print(code, "torch" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("role", ["encoder", "prefill", "decode", "colocated"])
+def test_every_worker_refuses_a_missing_checkpoint_before_importing_torch(role, tmp_path):
+    missing = tmp_path / "gone"
+    done = subprocess.run([sys.executable, "-c", _RUN_ROLE, role, str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["1", "False"], done.stdout + done.stderr
+    assert f"epd {role}: {missing}: not a checkpoint directory" in done.stderr
