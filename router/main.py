@@ -59,6 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level)
     from epd import tracing
+    from epd.models.errors import ModelLoadError
 
     try:
         tracing.check_available(args.otlp_endpoint)
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         tls.configure(tls.from_args(args, cert_alone_ok=True))  # before the registry opens its channels
         gateway = build_gateway(args)
         sock = socket.create_server((args.host, args.port), reuse_port=False)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ModelLoadError) as exc:
         print(f"epd router: {exc}", file=sys.stderr)
         return 1
     try:
@@ -83,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_gateway(args: argparse.Namespace):
+    from epd.models.processor_files import require_checkpoint_dir
+
+    model_dir = require_checkpoint_dir(model_dir_or_demo(args.model))  # before transformers: fail in a second
     import httpx
     from transformers import AutoConfig, AutoTokenizer
 
@@ -97,9 +101,6 @@ def build_gateway(args: argparse.Namespace):
     from router.orchestrator import Orchestrator
     from router.workers import WorkerRegistry, WorkerSpec
 
-    model_dir = Path(model_dir_or_demo(args.model))
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(f"{model_dir}: not a checkpoint directory (config.json is missing)")
     specs = [WorkerSpec.parse(role, text) for role in ("encoder", "prefill", "decode")
              for text in getattr(args, role)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

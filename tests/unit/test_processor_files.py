@@ -110,8 +110,8 @@ print(code, "torch" in sys.modules)
 """
 
 
-@pytest.mark.parametrize("role", ["encoder", "prefill", "decode", "colocated"])
-def test_every_worker_refuses_a_missing_checkpoint_before_importing_torch(role, tmp_path):
+@pytest.mark.parametrize("role", ["encoder", "prefill", "decode", "colocated", "router"])
+def test_every_process_refuses_a_missing_checkpoint_before_importing_torch(role, tmp_path):
     missing = tmp_path / "gone"
     done = subprocess.run([sys.executable, "-c", _RUN_ROLE, role, str(missing)],
                           capture_output=True, text=True, timeout=120)
