@@ -41,6 +41,20 @@ class _Collector(trace_service_pb2_grpc.TraceServiceServicer):
                 found.setdefault(trace_id, set()).add(service)
             return found
 
+    def has_complete_trace(self, wanted: set[str]) -> bool:
+        """A trace with every wanted service, its router root span and no span whose parent is missing.
+        The router's root ends only after the stream, so it usually comes in a later export batch than
+        its children; waiting for it here keeps the test off the shutdown flush's timing."""
+        with self._lock:
+            spans = list(self.spans)
+        for trace_id, services in self.services_by_trace().items():
+            mine = [s for s in spans if s[0] == trace_id]
+            ids = {span_id for _, span_id, _, _ in mine}
+            has_root = any(not parent and service == "epd-router" for _, _, parent, service in mine)
+            if services >= wanted and has_root and all(p in ids for _, _, p, _ in mine if p):
+                return True
+        return False
+
 
 @pytest.fixture
 def collector():
@@ -61,8 +75,8 @@ def test_one_trace_links_all_four_processes(e2e_dirs, collector):
         assert httpx.post(f"{cluster.base_url}/chat/completions", json=body, timeout=60).status_code == 200
         wanted = {"epd-router", "epd-encoder", "epd-prefill", "epd-decode"}
         deadline = time.monotonic() + 20
-        while not any(services >= wanted for services in servicer.services_by_trace().values()):
-            assert time.monotonic() < deadline, f"no trace with all four services: {servicer.services_by_trace()}"
+        while not servicer.has_complete_trace(wanted):
+            assert time.monotonic() < deadline, f"no complete trace with all four services: {servicer.spans}"
             time.sleep(0.2)
     finally:
         assert cluster.stop() == 0
