@@ -24,9 +24,8 @@ from __future__ import annotations
 import sys
 
 import torch
-import torch.nn.functional as F
 
-from epd.engine.attention import StepLayout, decode_attention
+from epd.engine.attention import StepLayout, decode_attention, prefill_attention
 from epd.models.rerouting import reroute
 
 
@@ -90,8 +89,7 @@ def _expanded_prefill(self, q_nope, q_rot, latent, k_rot, mask) -> torch.Tensor:
     k_nope, value = torch.split(expanded, [nope, v_dim], dim=-1)
     key = torch.cat([k_nope, k_rot.expand(heads, length, rope)], dim=-1)  # [H, kv, Dn + Dr]
     query = torch.cat([q_nope, q_rot], dim=-1)  # [H, q, Dn + Dr]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
-                                         scale=self.scaling)  # [H, q, Dv]
+    out = prefill_attention(query, key, value, mask, self.scaling)  # [H, q, Dv]
     return out.transpose(0, 1)
 
 
