@@ -41,6 +41,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                          help="model dtype of the hf, colocated and cluster columns (auto: float32 on CPU)")
     compare.add_argument("--skip", default="", help="comma-separated columns to leave out: hf,colocated,cluster")
     compare.add_argument("--start-timeout-s", type=float, default=600.0, help="bound on each server's start")
+    compare.add_argument("--sequential", action="store_true",
+                         help="one configuration after another (one model loaded at a time) instead of all "
+                              "started at once and run r of each before run r + 1 of any")
     _add_load_flags(compare)
     compare.set_defaults(bench_run=_compare)
 
@@ -177,7 +180,8 @@ def _compare(args: argparse.Namespace) -> int:
         serve_args=tuple(shlex.split(args.serve_args)), colocated_args=tuple(shlex.split(args.colocated_args)),
         dtype=args.dtype,
         skip=frozenset(filter(None, (s.strip() for s in args.skip.split(",")))),
-        start_timeout_s=args.start_timeout_s, slo=Slo.parse(args.slo) if args.slo else None, **_common(args))
+        start_timeout_s=args.start_timeout_s, interleave=not args.sequential,
+        slo=Slo.parse(args.slo) if args.slo else None, **_common(args))
     result = run_compare(config)
     print(format_compare(result))
     if args.plot:

@@ -4,11 +4,13 @@ and any other OpenAI-compatible server, in one invocation; medians over runs, on
 Run r of every configuration sends the same requests (stream `run{r}` of the same seed), and runs
 differ from each other, so a server's embedding cache never sees a measured image twice (except in
 the `repeat` workload, whose point that is). Servers start once per configuration; a configuration
-that cannot start is a column marked unavailable with the reason, not a failed comparison.
+that cannot start is a column marked unavailable with the reason, not a failed comparison. Runs
+are interleaved across configurations and ratios are taken run by run (see `run_compare`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -18,7 +20,7 @@ import httpx
 from epd.bench.load import Background, LoadConfig, Progress, base_url, run_load
 from epd.bench.results import RequestResult
 from epd.bench.servers import ServerStartError, epd_serve_command, start_server
-from epd.bench.stats import Slo, Summary, median_figures, summarize
+from epd.bench.stats import Slo, Summary, median_figures, paired_median_ratio, summarize
 from epd.bench.workloads import BenchRequest, WorkloadSpec, make_requests
 
 BUILT_IN = ("hf", "colocated", "cluster")
@@ -46,6 +48,7 @@ class CompareConfig:
     start_timeout_s: float = 600.0
     slo: Slo | None = None
     quiet: bool = False
+    interleave: bool = True  # run r of every configuration before run r + 1 of any (see run_compare)
 
     def __post_init__(self) -> None:
         unknown = set(self.skip) - set(BUILT_IN)
@@ -86,16 +89,14 @@ class CompareResult:
         return next((c for c in self.columns if c.label == label), None)
 
     def ratios(self, base: str, figure: str = "output_tok_per_s") -> dict[str, float | None] | None:
-        """Each column's `figure` ÷ the `base` column's; None when the base did not run."""
+        """Each column's `figure` ÷ the `base` column's, paired by run (run r against run r) and the
+        median taken over runs; None when the base did not run."""
         base_col = self.column(base)
-        denominator = (base_col.figures or {}).get(figure) if base_col else None
-        if not denominator:
+        if base_col is None or base_col.figures is None:
             return None
-        ratios = {}
-        for c in self.columns:
-            value = (c.figures or {}).get(figure)
-            ratios[c.label] = None if value is None else value / denominator
-        return ratios
+        base_runs = [s.figures().get(figure) for s in base_col.summaries]
+        return {c.label: paired_median_ratio([s.figures().get(figure) for s in c.summaries], base_runs)
+                for c in self.columns}
 
     def to_dict(self) -> dict:
         c = self.config
@@ -107,83 +108,135 @@ class CompareResult:
                 "ratios": {f"output_tok_per_s / {base}": self.ratios(base) for base in RATIO_BASES}}
 
 
-def run_compare(config: CompareConfig) -> CompareResult:
-    """Every configuration not skipped, in table order: hf, colocated, cluster, then each --against."""
+def run_compare(config: CompareConfig, columns: list[_Column] | None = None) -> CompareResult:
+    """Every configuration not skipped, in table order: hf, colocated, cluster, then each --against.
+
+    Interleaved (the default): every configuration is started first, then run r goes to each of
+    them in turn before run r + 1 starts, so a machine whose speed drifts over minutes (shared
+    VMs drift by ±30%) slows both sides of each run's ratio alike. Sequential: one configuration
+    after another, each server started just before its runs and stopped after them (less memory:
+    only one model is loaded at a time).
+    """
     plan = [make_requests(config.workload, config.requests, seed=config.seed, stream=f"run{r}")
             for r in range(config.runs)]
-    columns = []
+    columns = _columns(config) if columns is None else columns
+    with contextlib.ExitStack() as stack:
+        if config.interleave:
+            live = [column for column in columns if column.open(stack)]
+            for r, requests in enumerate(plan):
+                for column in live:
+                    column.run(r, requests)
+        else:
+            for column in columns:
+                with contextlib.ExitStack() as own:
+                    if column.open(own):
+                        for r, requests in enumerate(plan):
+                            column.run(r, requests)
+    return CompareResult(config, [column.result for column in columns])
+
+
+def _columns(config: CompareConfig) -> list[_Column]:
+    columns: list[_Column] = []
     if "hf" not in config.skip:
-        columns.append(run_hf_column(config, plan))
+        columns.append(_HfColumn(config))
     if "colocated" not in config.skip:
-        columns.append(run_server_column(config, plan, "colocated",
-                                         ("--colocated", "--dtype", config.dtype, *config.colocated_args)))
+        columns.append(_ServerColumn(config, "colocated", ("--colocated", "--dtype", config.dtype,
+                                                           *config.colocated_args)))
     if "cluster" not in config.skip:
-        columns.append(run_server_column(config, plan, "cluster", ("--dtype", config.dtype, *config.serve_args)))
+        columns.append(_ServerColumn(config, "cluster", ("--dtype", config.dtype, *config.serve_args)))
     for url in config.against:
-        columns.append(run_url_column(config, plan, urlsplit(base_url(url)).netloc or url, url,
-                                      config.against_model))
-    return CompareResult(config, columns)
+        columns.append(_UrlColumn(config, urlsplit(base_url(url)).netloc or url, url, config.against_model))
+    return columns
 
 
-def run_hf_column(config: CompareConfig, plan: list[list[BenchRequest]]) -> ConfigResult:
-    no_background = "" if config.background is None else " (no background load)"
-    column = ConfigResult("hf", f"transformers generate, one request at a time, in process{no_background}: "
-                                f"{config.model_dir} ({config.dtype})")
-    _log(config, f"hf: loading {config.model_dir}")
-    try:
-        from epd.bench.hf_baseline import HfBaseline
+class _Column:
+    """One configuration: `open` makes it ready (False: it is unavailable, and says why), `run` one load."""
 
-        baseline = HfBaseline(config.model_dir, config.dtype)
-    except Exception as exc:  # any load failure makes the column unavailable, not the comparison
-        column.unavailable = f"{type(exc).__name__}: {exc}"
-        return column
-    try:
-        for request in make_requests(config.workload, config.warmup, seed=config.seed, stream="warmup-run0"):
-            baseline.generate_one(request, config.output_len)
-        for r, requests in enumerate(plan):
-            progress = Progress(len(requests), quiet=config.quiet, label=f"hf run {r + 1}/{config.runs}")
-            results, wall_s = baseline.run(requests, config.output_len, progress.tick)
-            progress.close()
-            reuse = {r.index: r.reuse for r in requests if r.reuse is not None}
-            column.summaries.append(summarize(results, wall_s, config.slo, reuse))
-            column.results.append(results)
-    finally:
-        baseline.close()
-    return column
+    result: ConfigResult
+
+    def open(self, stack: contextlib.ExitStack) -> bool:
+        raise NotImplementedError
+
+    def run(self, r: int, requests: list[BenchRequest]) -> None:
+        raise NotImplementedError
 
 
-def run_server_column(config: CompareConfig, plan: list[list[BenchRequest]], label: str,
-                      extra_args: tuple[str, ...]) -> ConfigResult:
-    """Start `epd serve ... extra_args`, run every load against it, stop it (on every path)."""
-    command = epd_serve_command(config.model_dir, extra_args)
-    detail = "epd serve " + " ".join(command[4:])
-    _log(config, f"{label}: starting {detail}")
-    try:
-        server = start_server(command, name=f"{label} (epd serve)", timeout_s=config.start_timeout_s)
-    except (ServerStartError, OSError) as exc:
-        _log(config, f"{label}: unavailable: {exc}")
-        return ConfigResult(label, detail, unavailable=str(exc))
-    with server:
-        return run_url_column(config, plan, label, server.url, None, detail=detail)
+class _HfColumn(_Column):
+    def __init__(self, config: CompareConfig) -> None:
+        self.config = config
+        no_background = "" if config.background is None else " (no background load)"
+        self.result = ConfigResult("hf", f"transformers generate, one request at a time, in process{no_background}: "
+                                         f"{config.model_dir} ({config.dtype})")
+
+    def open(self, stack: contextlib.ExitStack) -> bool:
+        _log(self.config, f"hf: loading {self.config.model_dir}")
+        try:
+            from epd.bench.hf_baseline import HfBaseline
+
+            self.baseline = HfBaseline(self.config.model_dir, self.config.dtype)
+        except Exception as exc:  # any load failure makes the column unavailable, not the comparison
+            self.result.unavailable = f"{type(exc).__name__}: {exc}"
+            return False
+        stack.callback(self.baseline.close)
+        return True
+
+    def run(self, r: int, requests: list[BenchRequest]) -> None:
+        c = self.config
+        # Warm-up requests before every run, as every server load has (caches, allocator, threads).
+        for request in make_requests(c.workload, c.warmup, seed=c.seed, stream=f"warmup-run{r}"):
+            self.baseline.generate_one(request, c.output_len)
+        progress = Progress(len(requests), quiet=c.quiet, label=f"hf run {r + 1}/{c.runs}")
+        results, wall_s = self.baseline.run(requests, c.output_len, progress.tick)
+        progress.close()
+        reuse = {q.index: q.reuse for q in requests if q.reuse is not None}
+        self.result.summaries.append(summarize(results, wall_s, c.slo, reuse))
+        self.result.results.append(results)
 
 
-def run_url_column(config: CompareConfig, plan: list[list[BenchRequest]], label: str, url: str,
-                   model: str | None, detail: str | None = None) -> ConfigResult:
-    """Every run's load against a server that is already up."""
-    column = ConfigResult(label, detail or url)
-    problem = _probe(url)
-    if problem:
-        column.unavailable = problem
-        return column
-    for r, requests in enumerate(plan):
-        load = LoadConfig(url=url, workload=config.workload, model=model, requests=len(requests),
-                          concurrency=config.concurrency, output_len=config.output_len, seed=config.seed,
-                          timeout_s=config.timeout_s, warmup=config.warmup, background=config.background,
-                          stream=f"run{r}", quiet=config.quiet, label=f"{label} run {r + 1}/{config.runs}")
+class _UrlColumn(_Column):
+    """A server that is already up: each run is one load against it."""
+
+    def __init__(self, config: CompareConfig, label: str, url: str | None, model: str | None,
+                 detail: str | None = None) -> None:
+        self.config, self.url, self.model = config, url, model
+        self.result = ConfigResult(label, detail or url or "")
+
+    def open(self, stack: contextlib.ExitStack) -> bool:
+        problem = _probe(self.url)
+        if problem:
+            self.result.unavailable = problem
+        return problem is None
+
+    def run(self, r: int, requests: list[BenchRequest]) -> None:
+        c = self.config
+        load = LoadConfig(url=self.url, workload=c.workload, model=self.model, requests=len(requests),
+                          concurrency=c.concurrency, output_len=c.output_len, seed=c.seed, timeout_s=c.timeout_s,
+                          warmup=c.warmup, background=c.background, stream=f"run{r}", quiet=c.quiet,
+                          label=f"{self.result.label} run {r + 1}/{c.runs}")
         result = run_load(load, requests)
-        column.summaries.append(result.summary(config.slo))
-        column.results.append(result.results)
-    return column
+        self.result.summaries.append(result.summary(c.slo))
+        self.result.results.append(result.results)
+
+
+class _ServerColumn(_UrlColumn):
+    """`epd serve ... extra_args`, started by `open` and stopped when its stack closes (on every path)."""
+
+    def __init__(self, config: CompareConfig, label: str, extra_args: tuple[str, ...]) -> None:
+        self.command = epd_serve_command(config.model_dir, extra_args)
+        super().__init__(config, label, None, None, detail="epd serve " + " ".join(self.command[4:]))
+
+    def open(self, stack: contextlib.ExitStack) -> bool:
+        _log(self.config, f"{self.result.label}: starting {self.result.detail}")
+        try:
+            server = start_server(self.command, name=f"{self.result.label} (epd serve)",
+                                  timeout_s=self.config.start_timeout_s)
+        except (ServerStartError, OSError) as exc:
+            _log(self.config, f"{self.result.label}: unavailable: {exc}")
+            self.result.unavailable = str(exc)
+            return False
+        stack.enter_context(server)
+        self.url = server.url
+        return super().open(stack)
 
 
 def _probe(url: str) -> str | None:

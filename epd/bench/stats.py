@@ -148,3 +148,10 @@ def median_figures(runs: Iterable[dict[str, float | None]]) -> dict[str, float |
         values = [run[name] for run in runs if run.get(name) is not None]
         medians[name] = statistics.median(values) if values else None
     return medians
+
+
+def paired_median_ratio(values: Sequence[float | None], bases: Sequence[float | None]) -> float | None:
+    """The median over runs of values[r] / bases[r], for the runs where both exist (and the base is
+    not 0); None if there is no such run. Pairing by run cancels what drifts between runs."""
+    ratios = [v / b for v, b in zip(values, bases, strict=False) if v is not None and b]
+    return statistics.median(ratios) if ratios else None
