@@ -113,7 +113,9 @@ def run_compare(config: CompareConfig, columns: list[_Column] | None = None) -> 
 
     Interleaved (the default): every configuration is started first, then run r goes to each of
     them in turn before run r + 1 starts, so a machine whose speed drifts over minutes (shared
-    VMs drift by ±30%) slows both sides of each run's ratio alike. Sequential: one configuration
+    VMs drift by ±30%) slows both sides of each run's ratio alike; odd runs go round in reverse
+    order (A B, B A, ...), because the run right after `hf` was a few percent slower than the
+    same server's later in the round (hf's weights fill the caches). Sequential: one configuration
     after another, each server started just before its runs and stopped after them (less memory:
     only one model is loaded at a time).
     """
@@ -124,7 +126,7 @@ def run_compare(config: CompareConfig, columns: list[_Column] | None = None) -> 
         if config.interleave:
             live = [column for column in columns if column.open(stack)]
             for r, requests in enumerate(plan):
-                for column in live:
+                for column in live if r % 2 == 0 else reversed(live):
                     column.run(r, requests)
         else:
             for column in columns:

@@ -35,12 +35,12 @@ def config(interleave: bool) -> CompareConfig:
     return CompareConfig(model_dir="/m", workload=WorkloadSpec("text"), requests=2, runs=2, interleave=interleave)
 
 
-def test_interleaved_runs_go_round_the_columns_before_the_next_run():
+def test_interleaved_runs_go_round_the_columns_before_the_next_run_every_other_round_backwards():
     log: list = []
     columns = [Recording("hf", log), Recording("broken", log, fails=True), Recording("cluster", log)]
     result = run_compare(config(interleave=True), columns)
     assert log == [("open", "hf"), ("open", "broken"), ("open", "cluster"),
-                   ("run0", "hf"), ("run0", "cluster"), ("run1", "hf"), ("run1", "cluster"),
+                   ("run0", "hf"), ("run0", "cluster"), ("run1", "cluster"), ("run1", "hf"),
                    ("close", "cluster"), ("close", "hf")]
     assert [c.label for c in result.columns] == ["hf", "broken", "cluster"]
     assert result.column("broken").unavailable == "cannot start"
