@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoImageProcessor, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
-from epd.models import patch_embed
+from epd.models import experts, patch_embed
 from epd.models.processor_files import require_checkpoint_dir, require_image_processor_config
 from epd.models.registry import FamilyAdapter, adapter_for
 
@@ -64,7 +64,9 @@ def load_language_model(model_dir: str | Path, dtype: torch.dtype | None = None,
     """Embeddings + decoder layers + lm_head, without the vision tower."""
     root = Path(model_dir)
     config, adapter = load_config(root)
-    return LanguageModel(root, config, adapter, _load_role(root, adapter, "language", dtype, device))
+    model = _load_role(root, adapter, "language", dtype, device)
+    experts.install(model)
+    return LanguageModel(root, config, adapter, model)
 
 
 def _load_role(root: Path, adapter: FamilyAdapter, role: str, dtype: torch.dtype | None,

@@ -42,3 +42,13 @@ def test_encoder_without_processor_config_fails_at_load(family, tiny_dirs, tmp_p
     assert str(broken) in str(info.value) and "preprocessor_config.json" in str(info.value)
     # The language side needs no processor and still loads.
     assert load_language_model(broken).model is not None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_language_role_runs_its_experts_through_our_grouped_forward(family, tiny_dirs):
+    from epd.models.experts import NAME
+
+    model = load_language_model(tiny_dirs[family]).model
+    experts = [m for m in model.modules() if hasattr(m, "gate_up_proj") and hasattr(m, "config")]
+    assert experts, "the tiny checkpoint has MoE layers"
+    assert {m.config._experts_implementation for m in experts} == {NAME}
