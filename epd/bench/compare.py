@@ -114,8 +114,8 @@ def run_compare(config: CompareConfig, columns: list[_Column] | None = None) -> 
     Interleaved (the default): every configuration is started first, then run r goes to each of
     them in turn before run r + 1 starts, so a machine whose speed drifts over minutes (shared
     VMs drift by ±30%) slows both sides of each run's ratio alike; odd runs go round in reverse
-    order (A B, B A, ...), because the run right after `hf` was a few percent slower than the
-    same server's later in the round (hf's weights fill the caches). Sequential: one configuration
+    order (A B, B A, ...), because of two copies of one server, the one right after `hf` ran
+    8-27% slower than the other in three comparisons. Sequential: one configuration
     after another, each server started just before its runs and stopped after them (less memory:
     only one model is loaded at a time).
     """
