@@ -92,7 +92,7 @@ class CompareResult:
         """Each column's `figure` ÷ the `base` column's, paired by run (run r against run r) and the
         median taken over runs; None when the base did not run."""
         base_col = self.column(base)
-        if base_col is None or base_col.figures is None:
+        if base_col is None or not base_col.summaries:  # skipped, or unavailable: it never ran
             return None
         base_runs = [s.figures().get(figure) for s in base_col.summaries]
         return {c.label: paired_median_ratio([s.figures().get(figure) for s in c.summaries], base_runs)
