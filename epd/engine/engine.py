@@ -83,7 +83,8 @@ class Engine:
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(language, self.cache)
-        self.step_threads: Callable[[int], int] | None = None  # OpenMP threads per step, by its tokens
+        # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
+        self.step_threads: Callable[[int, int], int] | None = None
         self._preemptions_seen = 0
         metrics.KV_BLOCKS_TOTAL.labels(role).set(num_blocks - 1)
         log.info("%s engine: %d KV blocks of %d tokens (%.1f MiB)", role, num_blocks - 1, config.block_size,
@@ -154,7 +155,7 @@ class Engine:
         if not out.scheduled:
             return []
         if self.step_threads is not None:
-            set_thread_compute(self.step_threads(out.num_tokens))
+            set_thread_compute(self.step_threads(out.num_tokens, out.largest_chunk))
         sampled = self.runner.execute(out.scheduled)
         outputs = []
         for seq, token, finish in self.scheduler.update(out, sampled):

@@ -65,6 +65,11 @@ class SchedulerOutput:
     def num_tokens(self) -> int:
         return sum(s.num_new_tokens for s in self.scheduled)
 
+    @property
+    def largest_chunk(self) -> int:
+        """The most tokens one sequence computes in this step: 1 when it only decodes, 0 when empty."""
+        return max((s.num_new_tokens for s in self.scheduled), default=0)
+
 
 class QueueFull(RuntimeError):
     """The waiting queue is at `max_waiting`."""

@@ -20,6 +20,16 @@ def test_large_steps_use_every_thread():
 
 def test_small_steps_run_on_one_thread_where_threads_sleep():
     assert StepThreads(2, passive=True)(16) == 1
+    assert StepThreads(2, passive=True)(16, largest_chunk=1) == 1  # 16 decodes
+    assert StepThreads(2, passive=True)(20, largest_chunk=15) == 1  # a chunk below prefill_chunk_tokens
+
+
+def test_a_prompt_chunk_makes_a_step_large_whatever_its_size_or_the_load():
+    # A cache hit leaves a short chunk to compute over a long past: it gains from every thread.
+    assert StepThreads(2, passive=True)(84, largest_chunk=84) == 2
+    assert StepThreads(2, passive=True)(16, largest_chunk=16) == 2
+    assert StepThreads(2, passive=False, load=_Load(0.9))(40, largest_chunk=24) == 2
+    assert StepThreads(1, passive=True)(84, largest_chunk=84) == 1
 
 
 def test_small_steps_spin_on_every_thread_only_while_the_machine_is_otherwise_idle():

@@ -64,9 +64,14 @@ def test_the_token_budget_splits_prompts_across_steps():
         sched.add(seq(name, 8))
     out, _ = run_step(sched)
     assert plan(out) == [("a", 0, 8), ("b", 0, 4)]
+    assert (out.num_tokens, out.largest_chunk) == (12, 8)
     out, _ = run_step(sched)
     # decode-first: a decodes, b continues its prompt, c starts with what is left
     assert plan(out) == [("a", 8, 1), ("b", 4, 4), ("c", 0, 7)]
+    assert (out.num_tokens, out.largest_chunk) == (12, 7)
+    out, _ = run_step(sched)
+    assert plan(out) == [("a", 9, 1), ("b", 8, 1), ("c", 7, 1)]
+    assert (out.num_tokens, out.largest_chunk) == (3, 1)  # decodes only
 
 
 def test_decode_first_serves_decodes_before_a_continuing_prefill():
