@@ -15,7 +15,7 @@ from PIL import Image
 from encoder_svc.config import EncoderConfig
 from epd import metrics
 from epd.batcher import MicroBatcher
-from epd.digest import embedding_key, pixel_digest, processor_fingerprint
+from epd.digest import FileDigests, embedding_key, pixel_digest, processor_fingerprint
 from epd.engine.encode import EncodedImage, ImageEncoder
 from epd.lru import ByteBudgetLRU
 from epd.rpc_errors import InvalidInput
@@ -50,6 +50,7 @@ class EncoderService:
         self.config = config
         self.fingerprint = processor_fingerprint(encoder.encoder.model_dir)
         self.store: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.cache_bytes)
+        self.seen_files = FileDigests()  # a file decoded before needs no decode to find its cached embeddings
         self.batcher: MicroBatcher[Image.Image, EncodedImage] = MicroBatcher(
             self._encode_batch, max_batch=config.max_batch_images, max_wait_s=config.batch_wait_ms / 1000,
             max_queue=config.max_queue_images, on_batch=metrics.ENCODER_BATCH_SIZE.observe,
@@ -66,13 +67,13 @@ class EncoderService:
             raise RuntimeError("warm-up encode produced no image tokens")
 
     def encode(self, images: list[ImageRequest], timeout_s: float) -> list[LeasedEmbedding]:
-        decoded = [self._decode(i, im) for i, im in enumerate(images)]
-        keys = [embedding_key(pixel_digest(im), self.fingerprint) for im in decoded]
+        digests, decoded = zip(*(self._pixels(i, im) for i, im in enumerate(images)), strict=True)
+        keys = [embedding_key(digest, self.fingerprint) for digest in digests]
         results: dict[str, EncodedImage] = {}
         missing: dict[str, Image.Image] = {}
         pinned: set[str] = set()  # keys this request holds a pin on (taken atomically with the lookup / store)
         try:
-            for key, image in zip(keys, decoded, strict=True):
+            for index, (key, image) in enumerate(zip(keys, decoded, strict=True)):
                 if key in results or key in missing:
                     continue
                 hit = self.store.get_and_pin(key)
@@ -80,8 +81,8 @@ class EncoderService:
                 if hit is not None:
                     results[key] = hit
                     pinned.add(key)
-                else:
-                    missing[key] = image
+                else:  # a file seen before whose embeddings have since been evicted: decode it after all
+                    missing[key] = image if image is not None else self._decode(index, images[index])
             if missing:
                 computed = self.batcher.submit_many(list(missing.values()), timeout_s)
                 for key, out in zip(missing, computed, strict=True):
@@ -105,9 +106,21 @@ class EncoderService:
     def close(self) -> None:
         self.batcher.close()
 
-    def _decode(self, index: int, image: ImageRequest) -> Image.Image:
+    def _pixels(self, index: int, image: ImageRequest) -> tuple[str, Image.Image | None]:
+        """(pixel digest, decoded RGB image); the image is None when these very bytes were decoded before."""
         if len(image.data) > self.config.max_image_bytes:
             raise InvalidInput(f"image {index} is {len(image.data)} bytes; the limit is {self.config.max_image_bytes}")
+        digest, rgb = self.seen_files.get(image.data), None
+        if digest is None:
+            rgb = self._decode(index, image)
+            digest = pixel_digest(rgb)
+            self.seen_files.put(image.data, digest)
+        if image.pixel_digest and image.pixel_digest != digest:
+            raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
+        return digest, rgb
+
+    def _decode(self, index: int, image: ImageRequest) -> Image.Image:
+        """The file's pixels, its size already checked by `_pixels`."""
         try:
             with Image.open(io.BytesIO(image.data)) as opened:
                 if opened.width * opened.height > self.config.max_image_pixels:
@@ -119,8 +132,6 @@ class EncoderService:
             raise
         except Exception as exc:  # Pillow raises many types for bad files; all mean the same to a caller
             raise InvalidInput(f"image {index} is not a readable image ({exc})") from None
-        if image.pixel_digest and image.pixel_digest != pixel_digest(rgb):
-            raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
         return rgb
 
     def _encode_batch(self, images: list[Image.Image]) -> list[EncodedImage | Exception]:

@@ -3,6 +3,11 @@
 The router hashes decoded pixels (`pixel_digest`) for encoder affinity; the encoder mixes in the
 fingerprint of the image processor it owns (`embedding_key`), so two checkpoints with different
 processors never share an entry, and the router never needs the processor config.
+
+Both decode every file they are sent before they can hash its pixels: 3.6 ms for a 448x448 PNG,
+on the critical path of a request whose embeddings are already cached, and paid twice (router and
+encoder). `FileDigests` remembers what a file's decode led to, by the SHA-256 of its bytes
+(0.04 ms for that PNG): the same bytes always decode to the same pixels.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from epd.lru import ByteBudgetLRU
 from epd.models.processor_files import PROCESSOR_FILE, require_image_processor_config
 
 
@@ -36,3 +42,25 @@ def processor_fingerprint(model_dir: str | Path) -> str:
 def embedding_key(pixel_digest_hex: str, fingerprint: str) -> str:
     """The cache key of one image's embeddings under one processor."""
     return hashlib.sha256(f"{fingerprint}:{pixel_digest_hex}".encode()).hexdigest()
+
+
+class FileDigests:
+    """A bounded, thread-safe map from an encoded file's bytes (by SHA-256) to a digest its decode gave.
+
+    Only put what a decode of these very bytes produced, after every check on them passed under
+    limits that do not change for the process's life: a hit then stands for that decode.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        # Each entry is two short strings, so a count bounds its memory (4096: well under 1 MiB).
+        self._digests: ByteBudgetLRU[str, str] = ByteBudgetLRU(capacity_bytes=max_entries, max_entries=max_entries)
+
+    def get(self, data: bytes) -> str | None:
+        return self._digests.get(_file_key(data))
+
+    def put(self, data: bytes, digest: str) -> None:
+        self._digests.put(_file_key(data), digest, nbytes=1)
+
+
+def _file_key(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from epd.chat import render_prompt
-from epd.digest import pixel_digest
+from epd.digest import FileDigests, pixel_digest
 from router.chat_request import ChatRequest
 from router.errors import RequestError
 from router.image_source import ImageLimits, decode_data_url, decode_image, load_image_bytes
@@ -35,6 +35,9 @@ class Frontend:
     context_length: int | None = None  # the model's, from its config; None: not checked here
     # Base64, Pillow, the chat template and the tokenizer run here, never on the event loop.
     offload: Offload = field(default_factory=Offload)
+    # Files already decoded and checked under image_limits (fixed for the router's life): a repeat
+    # skips Pillow (an image reused from the encoder's cache costs its TTFT no decode at all).
+    seen_files: FileDigests = field(default_factory=FileDigests)
 
     async def prepare(self, request: ChatRequest) -> Job:
         params = request.image_params or tuple(f"image[{i}]" for i in range(len(request.image_urls)))
@@ -50,6 +53,14 @@ class Frontend:
         return Job(request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_ids=prompt_ids, images=list(images),
                    sampling=sampling, timeout_s=self.request_timeout_s)
 
+    def _pixel_digest(self, data: bytes) -> str:
+        """The file's pixel digest, decoding it (under the limits: RequestError) unless seen before."""
+        digest = self.seen_files.get(data)
+        if digest is None:
+            digest = pixel_digest(decode_image(data, self.image_limits))
+            self.seen_files.put(data, digest)
+        return digest
+
     def _render(self, messages: list[dict]) -> list[int]:
         try:
             return render_prompt(self.tokenizer, messages)
@@ -64,8 +75,7 @@ class Frontend:
             else:
                 data = await load_image_bytes(url, client=self.http, limits=self.image_limits,
                                               allowed_hosts=self.allowed_hosts)
-            image = await self.offload.run(decode_image, data, self.image_limits)
-            return ImagePart(data=data, pixel_digest=await self.offload.run(pixel_digest, image))
+            return ImagePart(data=data, pixel_digest=await self.offload.run(self._pixel_digest, data))
         except RequestError as exc:
             if exc.param is None:  # image_source knows the URL, not where the client put it
                 exc.param = param

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from epd.digest import embedding_key, pixel_digest, processor_fingerprint
+from epd.digest import FileDigests, embedding_key, pixel_digest, processor_fingerprint
 from epd.models.errors import MissingImageProcessorError, ModelLoadError
 
 PROCESSOR = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "patch_size": 16,
@@ -176,3 +176,20 @@ def test_embedding_key_differs_by_image():
 def test_embedding_key_is_not_the_pixel_digest():
     digest = pixel_digest(picture())
     assert embedding_key(digest, "0" * 64) != digest
+
+
+def test_file_digests_remember_by_the_exact_bytes():
+    seen = FileDigests()
+    assert seen.get(b"file one") is None
+    seen.put(b"file one", "d1")
+    assert seen.get(b"file one") == "d1"
+    assert seen.get(b"file one ") is None  # one byte more is another file
+
+
+def test_file_digests_forget_the_least_recently_used_beyond_their_bound():
+    seen = FileDigests(max_entries=2)
+    seen.put(b"a", "da")
+    seen.put(b"b", "db")
+    assert seen.get(b"a") == "da"  # now b is the least recently used
+    seen.put(b"c", "dc")
+    assert (seen.get(b"a"), seen.get(b"b"), seen.get(b"c")) == ("da", None, "dc")

@@ -1,0 +1,100 @@
+"""EncoderService's cache path with a stand-in tower: a file sent again skips Pillow's decode, and
+every check a decode made still holds for it (digest mismatch, evicted embeddings, bad files)."""
+
+from __future__ import annotations
+
+import io
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from PIL import Image
+
+from encoder_svc.config import EncoderConfig
+from encoder_svc.service import EncoderService, ImageRequest
+from epd.digest import pixel_digest
+from epd.engine.encode import EncodedImage
+from epd.rpc_errors import InvalidInput
+
+
+class _Tower:
+    """Stands in for ImageEncoder: one 4-token embedding per image, whose rows carry the image's width."""
+
+    def __init__(self, model_dir: str) -> None:
+        self.encoder = SimpleNamespace(model_dir=model_dir)
+        self.images_encoded = 0
+
+    def encode(self, images: list[Image.Image]) -> list[EncodedImage]:
+        self.images_encoded += len(images)
+        return [EncodedImage({"pooler_output": torch.full((4, 2), float(im.width))}, (1, 4, 4)) for im in images]
+
+
+class _Sender:
+    def publish(self, tensors, kind, ttl_s, on_release=None):
+        return SimpleNamespace(kind=kind, on_release=on_release)
+
+
+def png(width: int, shade: int = 90) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, 8), (shade, 20, 200)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def service(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14}))
+    svc = EncoderService(_Tower(str(tmp_path)), _Sender(), EncoderConfig(model_dir=str(tmp_path), batch_wait_ms=0))
+    decodes = []
+    real_decode = svc._decode
+    svc._decode = lambda index, image: decodes.append(index) or real_decode(index, image)
+    svc.decodes = decodes
+    yield svc
+    svc.close()
+
+
+def test_a_file_sent_again_is_served_from_the_cache_without_a_decode(service):
+    data = png(16)
+    [first] = service.encode([ImageRequest(data)], timeout_s=5)
+    [again] = service.encode([ImageRequest(data)], timeout_s=5)
+    assert service.decodes == [0]  # the first request only
+    assert service.encoder.images_encoded == 1
+    assert again.key == first.key
+    assert torch.equal(again.image.tensors["pooler_output"], first.image.tensors["pooler_output"])
+
+
+def test_the_same_pixels_in_other_bytes_decode_once_each_and_share_the_embedding(service):
+    pixels = Image.new("RGB", (16, 8), (90, 20, 200))
+    as_bmp = io.BytesIO()
+    pixels.save(as_bmp, format="BMP")
+    [a] = service.encode([ImageRequest(png(16))], timeout_s=5)
+    [b] = service.encode([ImageRequest(as_bmp.getvalue())], timeout_s=5)
+    assert service.decodes == [0, 0]
+    assert a.key == b.key and service.encoder.images_encoded == 1
+
+
+def test_a_wrong_digest_is_refused_even_for_a_file_seen_before(service):
+    data = png(16)
+    right = pixel_digest(Image.open(io.BytesIO(data)).convert("RGB"))
+    service.encode([ImageRequest(data, right)], timeout_s=5)
+    with pytest.raises(InvalidInput, match="digest sent does not match"):
+        service.encode([ImageRequest(data, "0" * 64)], timeout_s=5)
+    assert service.decodes == [0]
+
+
+def test_a_file_whose_embeddings_were_evicted_is_decoded_and_encoded_again(service):
+    data = png(16)
+    [first] = service.encode([ImageRequest(data)], timeout_s=5)
+    service.store.discard(first.key)
+    [again] = service.encode([ImageRequest(data)], timeout_s=5)
+    assert service.decodes == [0, 0]
+    assert service.encoder.images_encoded == 2
+    assert torch.equal(again.image.tensors["pooler_output"], first.image.tensors["pooler_output"])
+
+
+def test_an_unreadable_file_fails_every_time_it_is_sent(service):
+    for _ in range(2):
+        with pytest.raises(InvalidInput, match="image 1 is not a readable image"):
+            service.encode([ImageRequest(png(16)), ImageRequest(b"\x89PNG not really")], timeout_s=5)
+    assert service.decodes == [0, 1, 1]  # the good file once, the bad one on every try
