@@ -111,9 +111,10 @@ class HostLoad:
         self._at = self._clock()
         self.others = 0.0  # busy cores (of ours) of other processes over the last period
 
-    def update(self) -> float:
+    def update(self, period_s: float | None = None) -> float:
+        """Busy cores of others, from a fresh sample if the last is `period_s` (default: ours) old."""
         now = self._clock()
-        if now - self._at >= self.period_s:
+        if now - self._at >= (self.period_s if period_s is None else period_s):
             sample = self._sample()
             if sample is not None and self._last is not None:
                 self.others = busy_cores_of_others(self._last, sample, self.cpus)

@@ -29,6 +29,9 @@ from epd.threads import HostLoad, StepThreads, set_thread_compute, threads_sleep
 
 log = logging.getLogger(__name__)
 
+# How often a paced wait looks again at the other processes' load (/proc/stat ticks are 10 ms).
+_PACE_RECHECK_S = 0.05
+
 
 class EngineFull(Overloaded):
     """The engine cannot take the sequence now (queue full, or no blocks for imported KV)."""
@@ -186,11 +189,27 @@ class EngineLoop:
         if pause <= 0:
             return
         started = time.monotonic()
-        with self._wake:
-            if not self._stop:
-                # submit(), abort() and close() notify: a new sequence ends the wait (the batch it
-                # waited for has grown) and joins the very next step.
-                self._wake.wait(pause)
+        deadline = started + pause
+        # Submissions and aborts are taken while we wait (a new sequence is admitted at once, so
+        # its first token goes out now), but an arrival does not end the wait: under a burst of
+        # requests each one would otherwise start a step, and the steps would stay as small and
+        # as many as unpaced ones. The wait ends early for close(), a full batch, or a sequence
+        # that needs a prompt step (an engine that also prefills).
+        while True:
+            with self._wake:
+                left = deadline - time.monotonic()
+                if self._stop or left <= 0:
+                    break
+                if not self._inbox:
+                    self._wake.wait(min(left, _PACE_RECHECK_S))
+                pending, self._inbox = self._inbox, deque()
+            for item in pending:
+                self._take(item)
+            if len(scheduler.running) >= scheduler.config.max_running or not self.engine.decode_only:
+                break
+            # The front end may have just run out of work: then waiting on would only idle the cores.
+            if self._host_load.update(period_s=_PACE_RECHECK_S) <= self.pacing.busy_threshold:
+                break
         metrics.PACED_SECONDS.labels(self.engine.role).inc(time.monotonic() - started)
 
     def _step(self) -> float:

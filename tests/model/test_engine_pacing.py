@@ -20,7 +20,7 @@ class _Busy:
     def __init__(self, others: float) -> None:
         self.others = others
 
-    def update(self) -> float:
+    def update(self, period_s: float | None = None) -> float:
         return self.others
 
 
