@@ -14,6 +14,12 @@ trade is the user's to make, so it is off unless `--decode-step-interval-ms` ask
 Nothing is paused on CPUs the worker has to itself (`--cpu-affinity auto`), on a GPU, while this
 engine has prompts to prefill, or once the batch is full. Only decode workers pace: a prefill or
 colocated engine is itself the front end the others wait for.
+
+During a wait (`EngineLoop._pace`) new sequences are admitted at once, so their first token goes
+out, but they do not end it: under a burst every arrival would otherwise start a step of its own,
+and the steps stayed as small and as many as unpaced ones. The wait ends early when the batch is
+full, when a sequence needs a prompt step, and when the other processes go idle (the load is
+looked at again every 50 ms), since waiting on then only leaves the cores idle.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Our experts forward equals transformers' grouped path bit for bit (a small experts layer, random weights)."""
+"""Our experts forward against transformers' grouped path (small experts layers, random weights): bit for
+bit in float32; in bfloat16 on a CPU through padded batched products, equal within bfloat16 rounding,
+and only where padding is cheap."""
 
 from __future__ import annotations
 
@@ -8,11 +10,14 @@ from transformers.integrations.moe import grouped_mm_experts_forward
 from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeTextConfig
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextExperts
 
+from epd.models import experts
 from epd.models.experts import grouped_experts_forward
 
 
-def _layer(dtype: torch.dtype) -> Qwen3VLMoeTextExperts:
-    config = Qwen3VLMoeTextConfig(hidden_size=32, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2)
+def _layer(dtype: torch.dtype, hidden: int = 32, intermediate: int = 16, num_experts: int = 8
+           ) -> Qwen3VLMoeTextExperts:
+    config = Qwen3VLMoeTextConfig(hidden_size=hidden, moe_intermediate_size=intermediate, num_experts=num_experts,
+                                  num_experts_per_tok=2)
     layer = Qwen3VLMoeTextExperts(config)
     with torch.no_grad():
         layer.gate_up_proj.normal_(0, 0.2)
@@ -28,16 +33,59 @@ def _routing(tokens: int, layer, seed: int) -> tuple[torch.Tensor, torch.Tensor]
     return index, weights
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens", [1, 3, 40])  # a decode, a few decodes (idle experts), a prompt
-def test_equals_the_library_grouped_path_bit_for_bit(dtype, tokens):
-    layer = _layer(dtype)
-    hidden = torch.randn(tokens, 32, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+def _both(layer, tokens: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours, the library's) on `tokens` random rows, hidden size taken from the layer."""
+    width = layer.gate_up_proj.shape[-1]
+    hidden = torch.randn(tokens, width, generator=torch.Generator().manual_seed(tokens)).to(dtype)
     index, weights = _routing(tokens, layer, seed=tokens)
     with torch.inference_mode():
-        ours = grouped_experts_forward(layer, hidden, index, weights.to(dtype))
-        theirs = grouped_mm_experts_forward(layer, hidden, index, weights.to(dtype))
-    assert ours.dtype == dtype and ours.shape == (tokens, 32)
+        return (grouped_experts_forward(layer, hidden, index, weights.to(dtype)),
+                grouped_mm_experts_forward(layer, hidden, index, weights.to(dtype)))
+
+
+@pytest.fixture
+def grouped_calls(monkeypatch) -> list[int]:
+    """Counts the calls of the grouped products (the path padding would replace)."""
+    calls = []
+    real = experts._grouped_products
+    monkeypatch.setattr(experts, "_grouped_products", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])  # a decode, a few decodes (idle experts), a prompt
+def test_float32_equals_the_library_grouped_path_bit_for_bit(tokens, grouped_calls):
+    ours, theirs = _both(_layer(torch.float32), tokens, torch.float32)
+    assert ours.dtype == torch.float32 and ours.shape == (tokens, 32)
+    assert torch.equal(ours, theirs)
+    assert grouped_calls == [1]  # float32 never pads
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 40])
+def test_bfloat16_pads_small_experts_and_stays_within_rounding_of_the_library(tokens, grouped_calls):
+    ours, theirs = _both(_layer(torch.bfloat16), tokens, torch.bfloat16)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (tokens, 32)
+    assert grouped_calls == []  # padded: experts of 3 KiB cost less to read than a call
+    # The same rows meet the same weights; at most the rounding of the last bfloat16 bit may differ.
+    ulp = theirs.float().abs().clamp_min(1e-3) * 2.0 ** -7
+    assert ((ours.float() - theirs.float()).abs() <= ulp).all()
+
+
+def test_large_idle_experts_keep_the_grouped_products(grouped_calls):
+    # One token, two of eight experts busy: reading six idle 1.5 MiB experts costs more than two calls.
+    ours, theirs = _both(_layer(torch.bfloat16, hidden=512, intermediate=512), 1, torch.bfloat16)
+    assert grouped_calls == [1]
+    assert torch.equal(ours, theirs)
+
+
+def test_padding_that_would_more_than_quadruple_the_rows_keeps_the_grouped_products(grouped_calls):
+    layer = _layer(torch.bfloat16, num_experts=16)
+    hidden = torch.randn(16, 32).to(torch.bfloat16)
+    index = torch.tensor([[2 * (t % 8), 2 * (t % 8) + 1] for t in range(8)] + [[0, 1]] * 8)  # all busy, 0 and 1 most
+    weights = torch.full((16, 2), 0.5, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        ours = grouped_experts_forward(layer, hidden, index, weights)
+        theirs = grouped_mm_experts_forward(layer, hidden, index, weights)
+    assert grouped_calls == [1]  # 16 experts x 9 rows padded against 32 real ones
     assert torch.equal(ours, theirs)
 
 
