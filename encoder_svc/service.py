@@ -15,7 +15,7 @@ from PIL import Image
 from encoder_svc.config import EncoderConfig
 from epd import metrics
 from epd.batcher import MicroBatcher
-from epd.digest import FileDigests, embedding_key, pixel_digest, processor_fingerprint
+from epd.digest import FileDigests, embedding_key, processor_fingerprint
 from epd.engine.encode import EncodedImage, ImageEncoder
 from epd.lru import ByteBudgetLRU
 from epd.rpc_errors import InvalidInput
@@ -110,11 +110,7 @@ class EncoderService:
         """(pixel digest, decoded RGB image); the image is None when these very bytes were decoded before."""
         if len(image.data) > self.config.max_image_bytes:
             raise InvalidInput(f"image {index} is {len(image.data)} bytes; the limit is {self.config.max_image_bytes}")
-        digest, rgb = self.seen_files.get(image.data), None
-        if digest is None:
-            rgb = self._decode(index, image)
-            digest = pixel_digest(rgb)
-            self.seen_files.put(image.data, digest)
+        digest, rgb = self.seen_files.pixel_digest(image.data, lambda _: self._decode(index, image))
         if image.pixel_digest and image.pixel_digest != digest:
             raise InvalidInput(f"image {index}: the digest sent does not match the image's pixels")
         return digest, rgb

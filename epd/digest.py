@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from PIL import Image
@@ -49,6 +50,7 @@ class FileDigests:
 
     Only put what a decode of these very bytes produced, after every check on them passed under
     limits that do not change for the process's life: a hit then stands for that decode.
+    `pixel_digest` is that rule in one place, for the router and the encoder alike.
     """
 
     def __init__(self, max_entries: int = 4096) -> None:
@@ -60,6 +62,21 @@ class FileDigests:
 
     def put(self, data: bytes, digest: str) -> None:
         self._digests.put(_file_key(data), digest, nbytes=1)
+
+    def pixel_digest(self, data: bytes, decode: Callable[[bytes], Image.Image]) -> tuple[str, Image.Image | None]:
+        """(the file's pixel digest, its pixels if they were decoded now, else None).
+
+        `decode` checks and decodes the file; whatever it raises passes through and nothing is
+        remembered. The file is hashed once, whether it is found or stored.
+        """
+        key = _file_key(data)
+        digest = self._digests.get(key)
+        if digest is not None:
+            return digest, None
+        image = decode(data)
+        digest = pixel_digest(image)
+        self._digests.put(key, digest, nbytes=1)
+        return digest, image
 
 
 def _file_key(data: bytes) -> str:

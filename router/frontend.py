@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from epd.chat import render_prompt
-from epd.digest import FileDigests, pixel_digest
+from epd.digest import FileDigests
 from router.chat_request import ChatRequest
 from router.errors import RequestError
 from router.image_source import ImageLimits, decode_data_url, decode_image, load_image_bytes
@@ -55,10 +55,7 @@ class Frontend:
 
     def _pixel_digest(self, data: bytes) -> str:
         """The file's pixel digest, decoding it (under the limits: RequestError) unless seen before."""
-        digest = self.seen_files.get(data)
-        if digest is None:
-            digest = pixel_digest(decode_image(data, self.image_limits))
-            self.seen_files.put(data, digest)
+        digest, _ = self.seen_files.pixel_digest(data, lambda d: decode_image(d, self.image_limits))
         return digest
 
     def _render(self, messages: list[dict]) -> list[int]:
