@@ -11,6 +11,19 @@ of wall time, and `hf`'s sequential wall time divided by that is the highest rat
 these modules can reach here. One thread is where a forward costs the fewest CPU-seconds (no
 parallel overhead); the decode floor counts only the weights every step reads whole (dense layers
 and LM head, no experts), so both terms are low and the ceiling is generous.
+
+A second, nearer figure prices decoding with this engine's own step. When N requests arrive
+together, the last prompt cannot finish before the front end's wall time above, and every request
+still decoding then needs one more step per token it has left, with no front-end work left to
+overlap them with. In the schedule where decoding never takes cores from the front end (what
+`--decode-step-interval-ms` pacing moves towards), all N requests are in that tail:
+
+    front end + (output_len - 1) x (this engine's decode step at batch N, one thread)
+
+One thread, because that is how a decode worker runs small steps while the router and the client
+keep the other cores partly busy (epd.threads.StepThreads). It is not a strict bound (decoding
+during the front end shrinks the tail's batch, at the front end's expense), but it says how much
+of the gap to the ceiling is the decode step itself.
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ class Ceiling:
     hf_wall_s: float  # `generate`, one request at a time, default threads
     front_end_cpu_s: tuple[float, ...]  # per request: processor output -> vision tower + prompt forward, 1 thread
     decode_floor_s: float  # output_len steps, each reading the dense weights once at the measured bandwidth
+    tail_step_s: float = 0.0  # this engine's decode step at batch `requests`, one thread (0: not measured)
 
     @property
     def hf_tok_per_s(self) -> float:
@@ -52,10 +66,20 @@ class Ceiling:
         """The ceiling even if decoding cost nothing at all."""
         return self.hf_wall_s / self.front_end_wall_s
 
+    @property
+    def engine_wall_s(self) -> float:
+        """The front end, then the last tokens' steps at batch `requests` (the module docstring)."""
+        return self.front_end_wall_s + (self.output_len - 1) * self.tail_step_s
+
+    @property
+    def engine_ratio(self) -> float:
+        return self.hf_wall_s / self.engine_wall_s
+
     def to_dict(self) -> dict:
         return {**asdict(self), "hf_tok_per_s": self.hf_tok_per_s, "front_end_wall_s": self.front_end_wall_s,
                 "min_wall_s": self.min_wall_s, "max_ratio": self.max_ratio,
-                "max_ratio_free_decode": self.max_ratio_free_decode}
+                "max_ratio_free_decode": self.max_ratio_free_decode, "engine_wall_s": self.engine_wall_s,
+                "engine_ratio": self.engine_ratio}
 
 
 def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, output_len: int = 48,
@@ -70,12 +94,28 @@ def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, o
     baseline.generate_one(make_requests(WorkloadSpec(workload), 1, seed=seed, stream="warmup")[0], 2)
     _, hf_wall = baseline.run(batch, output_len)
     front_end = tuple(_front_end_cpu_s(baseline, request) for request in batch)
+    prompt_len = sum(int(baseline.inputs(request)["input_ids"].shape[-1]) for request in batch) / requests
     # What a decode step reads: the loaded model minus the vision side (as the language role loads it).
     drop_submodules(baseline.model, load_config(model_dir)[1].language_drops)
     dense_bytes = dense_weight_bytes(baseline.model)
     baseline.close()
     floor = output_len * dense_bytes / (read_bandwidth_gb_per_s() * 1e9)
-    return Ceiling(requests, output_len, len(os.sched_getaffinity(0)), hf_wall, front_end, floor)
+    # The tail's steps see, on average, the prompt and half the output in the cache.
+    tail_step = _tail_step_s(model_dir, requests, round(prompt_len + output_len / 2), dtype) if output_len > 1 else 0.0
+    return Ceiling(requests, output_len, len(os.sched_getaffinity(0)), hf_wall, front_end, floor, tail_step)
+
+
+def _tail_step_s(model_dir: str, batch: int, context: int, dtype: str) -> float:
+    """Median seconds of this engine's decode step at `batch` sequences of `context` tokens, one thread."""
+    from epd.bench.decode import run_decode_bench
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result, _ = run_decode_bench(model_dir, batch, context=context, steps=10, dtype=dtype)
+    finally:
+        torch.set_num_threads(threads)
+    return result.step_ms / 1000
 
 
 @torch.inference_mode()
@@ -106,4 +146,7 @@ def format_ceiling(c: Ceiling) -> str:
         f"decode floor ({c.output_len} steps reading the dense weights once each): {c.decode_floor_s:.2f} s",
         f"fastest possible wall time: {c.min_wall_s:.2f} s -> cluster / hf at most {c.max_ratio:.2f}x "
         f"({c.max_ratio_free_decode:.2f}x if decoding were free)",
+        f"with this engine's decode step ({c.tail_step_s * 1e3:.1f} ms at batch {c.requests}, 1 thread): front end "
+        f"+ {c.output_len - 1} steps = {c.engine_wall_s:.2f} s -> {c.engine_ratio:.2f}x "
+        f"(every request decoding after the front end)",
     ])

@@ -104,4 +104,7 @@ def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, ca
     # The ceiling is hf's time over the fastest possible time, and decoding for free only raises it.
     assert report["max_ratio"] == report["hf_wall_s"] / report["min_wall_s"]
     assert report["max_ratio_free_decode"] > report["max_ratio"]
-    assert "cluster / hf at most" in out[-2]
+    # The engine's own batch-2 step, timed, prices the last 3 tokens after the front end.
+    assert report["tail_step_s"] > 0
+    assert report["engine_wall_s"] == report["front_end_wall_s"] + 3 * report["tail_step_s"]
+    assert "cluster / hf at most" in out[-3] and "with this engine's decode step" in out[-2]

@@ -1,4 +1,5 @@
-"""epd bench ceiling's arithmetic: the front end's CPU-seconds spread over the cores, plus the decode floor."""
+"""epd bench ceiling's arithmetic: the front end's CPU-seconds spread over the cores, plus the decode floor
+(or the engine's own decode steps for the last tokens)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from epd.bench.ceiling import Ceiling, format_ceiling
 
 def _ceiling(**overrides) -> Ceiling:
     fields = {"requests": 4, "output_len": 10, "cores": 2, "hf_wall_s": 8.0,
-              "front_end_cpu_s": (0.5, 0.5, 1.0, 1.0), "decode_floor_s": 0.5}
+              "front_end_cpu_s": (0.5, 0.5, 1.0, 1.0), "decode_floor_s": 0.5, "tail_step_s": 0.05}
     return Ceiling(**{**fields, **overrides})
 
 
@@ -32,3 +33,12 @@ def test_the_report_and_json_carry_the_ratios():
     assert "at most 4.00x" in format_ceiling(c)
     assert "5.33x if decoding were free" in format_ceiling(c)
     assert c.to_dict()["max_ratio"] == pytest.approx(4.0)
+
+
+def test_the_engine_figure_adds_one_batch_step_per_token_after_the_first_to_the_front_end():
+    c = _ceiling()
+    assert c.engine_wall_s == pytest.approx(1.5 + 9 * 0.05)  # the prompt forward made the first token
+    assert c.engine_ratio == pytest.approx(8.0 / 1.95)
+    assert _ceiling(output_len=1).engine_wall_s == pytest.approx(c.front_end_wall_s)
+    assert c.to_dict()["engine_ratio"] == pytest.approx(8.0 / 1.95)
+    assert "50.0 ms at batch 4, 1 thread): front end + 9 steps = 1.95 s -> 4.10x" in format_ceiling(c)
