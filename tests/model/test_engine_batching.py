@@ -77,6 +77,16 @@ def test_mixed_requests_admitted_at_different_steps(family, tiny_dirs):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_decodes_padded_past_every_context_give_the_same_tokens(family, tiny_dirs):
+    """The common length rounded up (as for bfloat16 on a CPU) leaves every sequence masked padding."""
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
+    pipe.engine.runner.decode_length_step = 16
+    got = _run_staggered(pipe, order=[1, 4, 0, 3], every=2)
+    for index, tokens in got.items():
+        assert tokens == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_chunked_prefill_splits_prompts_and_images(family, tiny_dirs):
     """Chunks of 7 tokens with a 20-token budget: image rows fall on both sides of chunk boundaries."""
     pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4,
