@@ -26,6 +26,7 @@ from epd.engine.positions import PositionPlan
 from epd.engine.sampling import Sampler
 from epd.engine.scheduler import Scheduler, SchedulerConfig
 from epd.engine.sequence import Finish, ImageSpan, Sequence, stop_ids
+from epd.models import shape_buckets
 from epd.models.loading import LanguageModel
 from epd.threads import set_thread_compute
 
@@ -78,6 +79,7 @@ class Engine:
         language.model.set_attn_implementation({"text_config": attention.register()})
         if language.adapter.latent_attention and config.absorb_latent_attention:
             mla.install(language.model)
+        shape_buckets.install(language.model)  # prompt steps' row counts, for per-shape kernel builds
         self.cache = PagedKVCache(shapes, num_blocks, config.block_size, dtype=dtype,
                                   device=next(language.model.parameters()).device)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)

@@ -20,6 +20,7 @@ from epd.engine.scheduler import Scheduled
 from epd.engine.sequence import Sequence
 from epd.models.loading import LanguageModel
 from epd.models.registry import ImageTensors
+from epd.models.shape_buckets import pads_rows
 
 
 @dataclass
@@ -57,16 +58,15 @@ def decode_length_step(dtype: torch.dtype, device: torch.device) -> int:
     """The decodes' common context length is rounded up to a multiple of this; pure.
 
     On a CPU, bfloat16/float16 products go through oneDNN, which builds (JIT-compiles) a kernel for
-    every new shape. With the longest context as the length, the decode attention's two products
-    (scores, then values) changed shape at every step, and each step built both anew (0.2 ms each
-    in oneDNN's log; batch-16 steps of the small checkpoints, six paired runs in one process: Kimi
-    1.1-5.1 ms faster in every run, 21.2 -> 19.3 ms median; Qwen 1.5 ms faster in the median pair).
-    Rounded up to 16, they change every 16 steps, for at most 15 masked positions more per sequence.
-    float32 runs through MKL, which builds nothing per shape, so there the padding only adds work
-    (Kimi: 0.6-1.6 ms slower in 5 of 6 pairs): 1.
+    every new shape (epd.models.shape_buckets). With the longest context as the length, the decode
+    attention's two products (scores, then values) changed shape at every step, and each step built
+    both anew (0.2 ms each in oneDNN's log; batch-16 steps of the small checkpoints, six paired runs
+    in one process: Kimi 1.1-5.1 ms faster in every run, 21.2 -> 19.3 ms median; Qwen 1.5 ms faster
+    in the median pair). Rounded up to 16, they change every 16 steps, for at most 15 masked
+    positions more per sequence. float32 runs through MKL, which builds nothing per shape, so there
+    the padding only adds work (Kimi: 0.6-1.6 ms slower in 5 of 6 pairs): 1.
     """
-    reduced = dtype in (torch.bfloat16, torch.float16)
-    return 16 if reduced and device.type == "cpu" else 1
+    return 16 if pads_rows(dtype, device) else 1
 
 
 def round_up(length: int, step: int) -> int:

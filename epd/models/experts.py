@@ -34,6 +34,8 @@ import torch
 from transformers import PreTrainedModel
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear, grouped_mm_experts_forward
 
+from epd.models.shape_buckets import bucket_rows
+
 NAME = "epd_grouped_mm"
 # The weight bytes one product call's fixed cost is worth: oneDNN spent 40-50 us on a call with a
 # few bfloat16 rows, in which time one core reads about 1 MiB (20-30 GB/s).
@@ -83,6 +85,7 @@ def _padded_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.T
     # where padding at most quadruples the rows.
     if (num_experts - hit) * expert_bytes > 2 * hit * _CALL_COST_BYTES or num_experts * width > 4 * pairs:
         return _grouped_products(self, rows, experts)
+    width = bucket_rows(width)  # a prompt step's widths vary: a few sizes, so oneDNN's kernels are reused
     first = torch.cumsum(count, dim=0) - count  # [E] index of each expert's first row
     slots = experts * width + torch.arange(pairs, device=rows.device) - first.index_select(0, experts)  # [N]
     padded = rows.new_zeros(num_experts * width, rows.shape[1]).index_copy_(0, slots, rows)  # [E*W, H]
