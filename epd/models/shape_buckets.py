@@ -21,12 +21,13 @@ import torch.nn.functional as F
 from epd.models.rerouting import reroute
 
 
+def round_up(n: int, step: int) -> int:
+    return -(-n // step) * step
+
+
 def bucket_rows(rows: int) -> int:
     """`rows` rounded up to a multiple of 1/16 of its power of two (rows above 16); pure."""
-    if rows <= 16:
-        return rows
-    step = 1 << (rows.bit_length() - 4)
-    return -(-rows // step) * step
+    return rows if rows <= 16 else round_up(rows, 1 << (rows.bit_length() - 4))
 
 
 def pads_rows(dtype: torch.dtype, device: torch.device) -> bool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from epd.engine.model_runner import decode_length_step, round_up
+from epd.engine.model_runner import decode_length_step
+from epd.models.shape_buckets import round_up
 
 
 def test_reduced_precision_on_a_cpu_rounds_to_16_and_everything_else_keeps_the_exact_length():
