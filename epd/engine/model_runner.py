@@ -8,7 +8,7 @@ the index of each sampling sequence's last token, so the LM head runs on those r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,11 +47,28 @@ class SequenceInputs:
 class _Batch:
     ids: list[int]
     positions: list[torch.Tensor]
-    slots: list[torch.Tensor]
-    contexts: list[torch.Tensor]
+    slots: list[torch.Tensor]  # prefill chunks' slots to write (the decodes' are in decode_slots)
+    contexts: list[torch.Tensor]  # prefill chunks' contexts to read
     images: list[ImageTensors]
     keep: list[int]
     samplers: list[tuple[Sequence, Sampler]]
+    # One-token items (decodes), packed from their block tables in one go rather than a tensor each
+    decode_slots: list[int] = field(default_factory=list)  # the new token's slot
+    decode_tables: list[list[int]] = field(default_factory=list)  # each one's block table
+    decode_lengths: list[int] = field(default_factory=list)  # its context, the new token included
+
+
+def decode_contexts(tables: list[list[int]], lengths: list[int], block_size: int,
+                    length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pool slots [n, length] of each decode's context, slot 0 (the zero block) past its end, and the
+    mask [n, 1, length] (True: attend); pure. `length` >= every one of `lengths`."""
+    blocks = -(-length // block_size)
+    table = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], dtype=torch.long)  # [n, B]
+    slots = (table[:, :, None] * block_size + torch.arange(block_size)).view(len(tables), -1)[:, :length]
+    mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # [n, L]
+    # Past the end the block table's own slots may hold anything (never written, or another
+    # sequence's old tokens): the zero block keeps masked-out products finite (0 x NaN is NaN).
+    return slots.masked_fill(~mask, 0), mask.view(len(tables), 1, length)
 
 
 def decode_length_step(dtype: torch.dtype, device: torch.device) -> int:
@@ -113,8 +130,14 @@ class ModelRunner:
         inputs: SequenceInputs = seq.inputs
         batch.ids.extend(seq.token_ids[start:stop])
         batch.positions.append(inputs.positions(start, stop))
-        batch.slots.append(self._slots(seq, start, stop))
-        batch.contexts.append(self._slots(seq, 0, stop))
+        if item.num_new_tokens == 1:  # a decode (execute packs them first)
+            block, offset = divmod(start, self.block_size)
+            batch.decode_slots.append(seq.block_table[block] * self.block_size + offset)
+            batch.decode_tables.append(seq.block_table)
+            batch.decode_lengths.append(stop)
+        else:
+            batch.slots.append(self._slots(seq, start, stop))
+            batch.contexts.append(self._slots(seq, 0, stop))
         for span, tensors in zip(seq.images, inputs.images, strict=True):
             lo, hi = max(start, span.start), min(stop, span.start + span.num_tokens)
             if lo < hi:  # rows of this image that fall in the chunk, in order
@@ -133,27 +156,23 @@ class ModelRunner:
 
     def _layout(self, items: list[Scheduled], decodes: list[Scheduled], batch: _Batch) -> StepLayout:
         n = len(decodes)
-        contexts = batch.contexts
         # Padding (slot 0: the zero block) is masked out, so the step only shapes the products.
-        length = round_up(max((len(c) for c in contexts[:n]), default=0), self.decode_length_step)
+        length = round_up(max(batch.decode_lengths, default=0), self.decode_length_step)
+        slots: list[torch.Tensor] = [torch.tensor(batch.decode_slots, dtype=torch.long)]
         kv: list[torch.Tensor] = []
         mask = None
         if n:
-            padded = torch.zeros(n, length, dtype=torch.long)  # slot 0: the zero block
-            lengths = torch.tensor([len(c) for c in contexts[:n]])
-            for row, context in enumerate(contexts[:n]):
-                padded[row, :len(context)] = context
-            kv.append(padded.reshape(-1))
-            mask = (torch.arange(length)[None, :] < lengths[:, None]).view(n, 1, length)  # [n, 1(G), L]
+            contexts, mask = decode_contexts(batch.decode_tables, batch.decode_lengths, self.block_size, length)
+            kv.append(contexts.reshape(-1))  # mask: [n, 1(G), L]
         segments = []
         q_start, kv_start = n, n * length
-        for item, context in zip(items[n:], contexts[n:], strict=True):
+        for item, context in zip(items[n:], batch.contexts, strict=True):
             q_len, kv_len = item.num_new_tokens, len(context)
             chunk_mask = None if q_len == kv_len else causal_chunk_mask(q_len, kv_len)
             segments.append(PrefillSegment(q_start, q_len, kv_start, kv_len, chunk_mask))
             kv.append(context)
             q_start, kv_start = q_start + q_len, kv_start + kv_len
-        return StepLayout(slot_mapping=torch.cat(batch.slots), kv_index=torch.cat(kv), num_decodes=n,
+        return StepLayout(slot_mapping=torch.cat(slots + batch.slots), kv_index=torch.cat(kv), num_decodes=n,
                           decode_kv_len=length, decode_mask=mask, prefills=tuple(segments))
 
 
