@@ -67,13 +67,13 @@ class EncoderService:
             raise RuntimeError("warm-up encode produced no image tokens")
 
     def encode(self, images: list[ImageRequest], timeout_s: float) -> list[LeasedEmbedding]:
-        digests, decoded = zip(*(self._pixels(i, im) for i, im in enumerate(images)), strict=True)
-        keys = [embedding_key(digest, self.fingerprint) for digest in digests]
+        pixels = [self._pixels(i, im) for i, im in enumerate(images)]  # (digest, image or None) each
+        keys = [embedding_key(digest, self.fingerprint) for digest, _ in pixels]
         results: dict[str, EncodedImage] = {}
         missing: dict[str, Image.Image] = {}
         pinned: set[str] = set()  # keys this request holds a pin on (taken atomically with the lookup / store)
         try:
-            for index, (key, image) in enumerate(zip(keys, decoded, strict=True)):
+            for index, (key, (_, image)) in enumerate(zip(keys, pixels, strict=True)):
                 if key in results or key in missing:
                     continue
                 hit = self.store.get_and_pin(key)

@@ -93,34 +93,37 @@ def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, o
     baseline = HfBaseline(model_dir, dtype)
     baseline.generate_one(make_requests(WorkloadSpec(workload), 1, seed=seed, stream="warmup")[0], 2)
     _, hf_wall = baseline.run(batch, output_len)
-    front_end = tuple(_front_end_cpu_s(baseline, request) for request in batch)
-    prompt_len = sum(int(baseline.inputs(request)["input_ids"].shape[-1]) for request in batch) / requests
+    front_end, prompt_lens = zip(*(_front_end(baseline, request) for request in batch), strict=True)
     # What a decode step reads: the loaded model minus the vision side (as the language role loads it).
     drop_submodules(baseline.model, load_config(model_dir)[1].language_drops)
     dense_bytes = dense_weight_bytes(baseline.model)
     baseline.close()
-    floor = output_len * dense_bytes / (read_bandwidth_gb_per_s() * 1e9)
+    bandwidth = read_bandwidth_gb_per_s()
+    floor = output_len * dense_bytes / (bandwidth * 1e9)
     # The tail's steps see, on average, the prompt and half the output in the cache.
-    tail_step = _tail_step_s(model_dir, requests, round(prompt_len + output_len / 2), dtype) if output_len > 1 else 0.0
+    context = round(sum(prompt_lens) / requests + output_len / 2)
+    tail_step = _tail_step_s(model_dir, requests, context, dtype, bandwidth) if output_len > 1 else 0.0
     return Ceiling(requests, output_len, len(os.sched_getaffinity(0)), hf_wall, front_end, floor, tail_step)
 
 
-def _tail_step_s(model_dir: str, batch: int, context: int, dtype: str) -> float:
+def _tail_step_s(model_dir: str, batch: int, context: int, dtype: str, read_gb_per_s: float) -> float:
     """Median seconds of this engine's decode step at `batch` sequences of `context` tokens, one thread."""
     from epd.bench.decode import run_decode_bench
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        result, _ = run_decode_bench(model_dir, batch, context=context, steps=10, dtype=dtype)
+        result, _ = run_decode_bench(model_dir, batch, context=context, steps=10, dtype=dtype,
+                                     read_gb_per_s=read_gb_per_s)
     finally:
         torch.set_num_threads(threads)
     return result.step_ms / 1000
 
 
 @torch.inference_mode()
-def _front_end_cpu_s(baseline, request) -> float:
-    """CPU-seconds of one request's vision tower + prompt forward (last position's logits only), one thread."""
+def _front_end(baseline, request) -> tuple[float, int]:
+    """(CPU-seconds of one request's vision tower + prompt forward (last position's logits only) at one
+    thread, its prompt's length in tokens)."""
     inputs = baseline.inputs(request)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -130,7 +133,7 @@ def _front_end_cpu_s(baseline, request) -> float:
             started = time.thread_time()  # this thread's CPU time: with one torch thread, all the forward's
             baseline.model(**inputs, use_cache=True, logits_to_keep=1)
             best = min(best, time.thread_time() - started)
-        return best
+        return best, int(inputs["input_ids"].shape[-1])
     finally:
         torch.set_num_threads(threads)
 

@@ -107,8 +107,11 @@ def dense_weight_bytes(model: torch.nn.Module) -> int:
 
 
 def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int = 20, dtype: str = "auto",
-                     profile: bool = False, device: str = "cpu") -> tuple[DecodeBench, str | None]:
-    """Prefill `batch` prompts of `context` tokens, then time `steps` decode steps of the whole batch."""
+                     profile: bool = False, device: str = "cpu",
+                     read_gb_per_s: float | None = None) -> tuple[DecodeBench, str | None]:
+    """Prefill `batch` prompts of `context` tokens, then time `steps` decode steps of the whole batch.
+
+    `read_gb_per_s`: the device's read bandwidth if the caller measured it already (else measured here)."""
     from epd.devices import resolve_device, use_device
     from epd.dtypes import resolve_dtype
     from epd.engine.engine import Engine, EngineConfig
@@ -144,7 +147,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     per_token_kv = sum(s.heads * (s.key_dim + s.value_dim) for s in engine.cache.shapes) * \
         engine.cache.keys[0].element_size()
     kv = per_token_kv * sum(seq.num_tokens for seq in seqs)
-    bandwidth = read_bandwidth_gb_per_s(device=where)
+    bandwidth = read_gb_per_s or read_bandwidth_gb_per_s(device=where)
     bound = batch / (weights / (bandwidth * 1e9))
     return DecodeBench(batch, context, step_s * 1000, batch / step_s, weights, kv, bandwidth, bound), table
 

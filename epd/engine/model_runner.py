@@ -47,13 +47,12 @@ class SequenceInputs:
 class _Batch:
     ids: list[int]
     positions: list[torch.Tensor]
-    slots: list[torch.Tensor]  # prefill chunks' slots to write (the decodes' are in decode_slots)
+    slots: list[torch.Tensor]  # prefill chunks' slots to write (the decodes' come from their contexts)
     contexts: list[torch.Tensor]  # prefill chunks' contexts to read
     images: list[ImageTensors]
     keep: list[int]
     samplers: list[tuple[Sequence, Sampler]]
     # One-token items (decodes), packed from their block tables in one go rather than a tensor each
-    decode_slots: list[int] = field(default_factory=list)  # the new token's slot
     decode_tables: list[list[int]] = field(default_factory=list)  # each one's block table
     decode_lengths: list[int] = field(default_factory=list)  # its context, the new token included
 
@@ -98,12 +97,11 @@ class ModelRunner:
     def execute(self, scheduled: list[Scheduled]) -> dict[int, int]:
         """Run one step; returns the sampled token of every sequence that reached its last token, by id(seq)."""
         items = sorted(scheduled, key=lambda s: s.num_new_tokens != 1)  # decodes first (stable)
-        decodes = [s for s in items if s.num_new_tokens == 1]
         batch = _Batch([], [], [], [], [], [], [])
         for item in items:
             self._pack(item, batch)
         device = self.cache.device  # the step is packed on the CPU, then moved once (no-ops on a CPU worker)
-        layout = self._layout(items, decodes, batch).to(device)
+        layout = self._layout(items, batch).to(device)
         positions = torch.cat(batch.positions, dim=-1).to(device)  # [T] or [rows, T]
         position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
         images = [{name: t.to(device) for name, t in image.items()} for image in batch.images]
@@ -131,8 +129,6 @@ class ModelRunner:
         batch.ids.extend(seq.token_ids[start:stop])
         batch.positions.append(inputs.positions(start, stop))
         if item.num_new_tokens == 1:  # a decode (execute packs them first)
-            block, offset = divmod(start, self.block_size)
-            batch.decode_slots.append(seq.block_table[block] * self.block_size + offset)
             batch.decode_tables.append(seq.block_table)
             batch.decode_lengths.append(stop)
         else:
@@ -154,15 +150,17 @@ class ModelRunner:
         offset = start - first * self.block_size
         return slots[offset:offset + stop - start]
 
-    def _layout(self, items: list[Scheduled], decodes: list[Scheduled], batch: _Batch) -> StepLayout:
-        n = len(decodes)
+    def _layout(self, items: list[Scheduled], batch: _Batch) -> StepLayout:
+        n = len(batch.decode_lengths)
         # Padding (slot 0: the zero block) is masked out, so the step only shapes the products.
         length = round_up(max(batch.decode_lengths, default=0), self.decode_length_step)
-        slots: list[torch.Tensor] = [torch.tensor(batch.decode_slots, dtype=torch.long)]
+        slots: list[torch.Tensor] = []
         kv: list[torch.Tensor] = []
         mask = None
         if n:
             contexts, mask = decode_contexts(batch.decode_tables, batch.decode_lengths, self.block_size, length)
+            last = torch.tensor(batch.decode_lengths) - 1  # [n] each new token's place in its context
+            slots.append(contexts[torch.arange(n), last])  # where the new tokens are written
             kv.append(contexts.reshape(-1))  # mask: [n, 1(G), L]
         segments = []
         q_start, kv_start = n, n * length

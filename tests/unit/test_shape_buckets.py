@@ -24,7 +24,13 @@ def test_only_reduced_precision_on_a_cpu_is_padded():
     assert not pads_rows(torch.bfloat16, torch.device("cuda"))
 
 
-def test_a_padded_linear_keeps_the_input_shape_and_the_values():
+def test_a_padded_linear_keeps_the_input_shape_and_the_values(monkeypatch):
+    import epd.models.shape_buckets as shape_buckets
+
+    rows_seen = []  # the row count each product actually ran with
+    real_linear = F.linear
+    monkeypatch.setattr(shape_buckets.F, "linear",
+                        lambda x, *rest: rows_seen.append(x.numel() // x.shape[-1]) or real_linear(x, *rest))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 48).bfloat16(), torch.nn.Linear(48, 8))  # the second stays float32
     assert install(model) == 1
@@ -34,6 +40,7 @@ def test_a_padded_linear_keeps_the_input_shape_and_the_values():
     x = torch.randn(3, 7, 64).bfloat16()  # 21 rows -> 22 in the product
     out = layer(x)
     assert out.shape == (3, 7, 48) and seen == [(3, 7, 48)]
+    assert rows_seen == [22]
     torch.testing.assert_close(out, F.linear(x, layer.weight, layer.bias))  # the last bit may differ
     small = torch.randn(5, 64).bfloat16()  # 5 rows: not padded, the library's exact result
     assert torch.equal(layer(small), F.linear(small, layer.weight, layer.bias))
