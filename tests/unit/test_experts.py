@@ -98,3 +98,18 @@ def test_layers_it_does_not_cover_run_the_library_forward():
     with torch.inference_mode():
         assert torch.equal(grouped_experts_forward(layer, hidden, index, weights),
                            grouped_mm_experts_forward(layer, hidden, index, weights))
+
+
+@pytest.mark.parametrize("tokens", [1, 3])  # some experts idle: the grouped products
+def test_float32_router_weights_on_bfloat16_rows_combine_as_the_library_does(tokens, grouped_calls):
+    # DeepSeek-V3's router (Kimi) hands float32 weights to bfloat16 experts: the library multiplies and
+    # sums in float32 and rounds once; ours must too (it converts before multiplying, not after).
+    layer = _layer(torch.bfloat16, hidden=512, intermediate=512)
+    hidden = torch.randn(tokens, 512, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    index, weights = _routing(tokens, layer, seed=5)
+    assert weights.dtype == torch.float32
+    with torch.inference_mode():
+        ours = grouped_experts_forward(layer, hidden, index, weights)
+        theirs = grouped_mm_experts_forward(layer, hidden, index, weights)
+    assert grouped_calls == [1]
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs)
