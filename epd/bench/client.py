@@ -19,6 +19,7 @@ def chat_body(request: BenchRequest, model: str | None, output_len: int) -> byte
     """The request body, serialised once before the clock starts (base64 images are large)."""
     body = {"messages": request.openai_messages(), "max_tokens": output_len, "temperature": 0,
             "ignore_eos": True,  # vLLM's extension (our gateway too): exactly `output_len` tokens
+            "return_token_ids": True,  # vLLM's and ours: outputs compared with hf's id by id (epd.bench.agreement)
             "stream": True, "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -62,6 +63,9 @@ class _StreamTimer:
         self.counted = 0
         self.chunk = Chunk()  # the usage / error / done facts seen so far
         self.done = False
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.any_ids = False
 
     def on_chunk(self, chunk: Chunk) -> bool:
         """Record one chunk; True when the stream is over ([DONE] or an error)."""
@@ -73,6 +77,9 @@ class _StreamTimer:
                 self.gaps.append(now - self.last)
             self.last = now
             self.counted += chunk.tokens
+        self.text.append(chunk.text)
+        self.ids.extend(chunk.token_ids)
+        self.any_ids = self.any_ids or bool(chunk.token_ids)
         if chunk.completion_tokens is not None or chunk.error:
             self.chunk = chunk
         self.done = chunk.done
@@ -88,7 +95,8 @@ class _StreamTimer:
             error = "the stream carried no tokens"
         ttft = None if self.first is None else self.first - self.started
         return RequestResult(index, error is None, self.started, ttft, e2e, tuple(self.gaps), tokens,
-                             self.chunk.prompt_tokens, status, error)
+                             self.chunk.prompt_tokens, status, error, "".join(self.text),
+                             tuple(self.ids) if self.any_ids else None)
 
     def failed(self, index: int, status: int | None, error: str) -> RequestResult:
         return RequestResult(index, False, self.started, e2e_s=time.perf_counter() - self.started,

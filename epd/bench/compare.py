@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from epd.bench.agreement import Agreement, agreement
 from epd.bench.load import Background, LoadConfig, Progress, base_url, run_load
 from epd.bench.results import RequestResult
 from epd.bench.servers import ServerStartError, epd_serve_command, start_server
@@ -98,14 +99,25 @@ class CompareResult:
         return {c.label: paired_median_ratio([s.figures().get(figure) for s in c.summaries], base_runs)
                 for c in self.columns}
 
+    def agreements(self, base: str = "hf") -> dict[str, Agreement | None] | None:
+        """Each other column's outputs against the `base` column's (see epd.bench.agreement); None when
+        the base did not run, and None for a column that did not run."""
+        base_col = self.column(base)
+        if base_col is None or not base_col.results:
+            return None
+        return {c.label: agreement(c.results, base_col.results) if c.results else None
+                for c in self.columns if c.label != base}
+
     def to_dict(self) -> dict:
         c = self.config
+        agreements = self.agreements() or {}
         return {"model_dir": c.model_dir, "workload": c.workload.name, "concurrency": c.concurrency,
                 "requests": c.requests, "output_len": c.output_len, "runs": c.runs, "seed": c.seed,
                 "background": None if c.background is None else f"{c.background.workload.name}:"
                                                                  f"{c.background.concurrency}",
                 "columns": [col.to_dict() for col in self.columns],
-                "ratios": {f"output_tok_per_s / {base}": self.ratios(base) for base in RATIO_BASES}}
+                "ratios": {f"output_tok_per_s / {base}": self.ratios(base) for base in RATIO_BASES},
+                "same_output_as_hf": {label: None if a is None else a.to_dict() for label, a in agreements.items()}}
 
 
 def run_compare(config: CompareConfig, columns: list[_Column] | None = None) -> CompareResult:

@@ -68,11 +68,16 @@ class HfBaseline:
                                  error=f"{type(exc).__name__}: {exc}")
         e2e = time.perf_counter() - started
         prompt_len = inputs["input_ids"].shape[1]
-        tokens = out.shape[1] - prompt_len
+        ids = tuple(out[0, prompt_len:].tolist())
+        tokens = len(ids)
         gaps = tuple(b - a for a, b in zip(timer.times, timer.times[1:], strict=False))
         ttft = timer.times[0] - started if timer.times else None
+        # Decoded as the gateway and vLLM do by default (special tokens left out), for servers that
+        # send text only.
+        text = self.processor.tokenizer.decode(ids, skip_special_tokens=True)
         return RequestResult(request.index, tokens > 0, started, ttft, e2e, gaps, tokens, prompt_len,
-                             error=None if tokens > 0 else "generate returned no tokens")
+                             error=None if tokens > 0 else "generate returned no tokens",
+                             output_text=text, output_ids=ids)
 
     def run(self, requests: list[BenchRequest], output_len: int,
             on_done: Callable[[RequestResult], None] = lambda r: None) -> tuple[list[RequestResult], float]:

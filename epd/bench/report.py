@@ -81,12 +81,18 @@ def format_compare(result: CompareResult) -> str:
         if result.column(base) is not None:
             ratios = result.ratios(base) or {}
             rows.append((f"tok/s ÷ {base}", [_ratio(ratios.get(label)) for label in labels]))
+    agreements = result.agreements()
+    if agreements is not None:
+        rows.append(("same output as hf", ["" if label == "hf" else "n/a" if agreements.get(label) is None
+                                           else agreements[label].cell() for label in labels]))
     background = "" if c.background is None else f", background {c.background.workload.name}:{c.background.concurrency}"
     lines = [f"{c.workload.name}: {c.requests} requests, concurrency {c.concurrency}, {c.output_len} output tokens"
              f"{background}; median of {c.runs} run(s)",
              " " * title_width + "".join(f"{label:>{width}}" for label in labels)]
     lines += [f"{title:<{title_width}}" + "".join(f"{cell:>{width}}" for cell in cells) for title, cells in rows]
     lines += [f"  {col.label}: {col.detail}" for col in result.columns]
+    lines += [f"  {label} differs from hf first at {a.first_difference}"
+              for label, a in (agreements or {}).items() if a is not None and a.first_difference]
     lines += [f"  {col.label} unavailable: {col.unavailable}" for col in result.columns if col.unavailable]
     return "\n".join(lines)
 

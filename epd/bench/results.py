@@ -19,6 +19,8 @@ class RequestResult:
     prompt_tokens: int | None = None
     status: int | None = None  # HTTP status (None: no response, e.g. connection refused)
     error: str | None = None
+    output_text: str = ""  # what the request generated (greedy in every built-in load)
+    output_ids: tuple[int, ...] | None = None  # its token ids; None where the server sends none
 
     @property
     def tpot_s(self) -> float | None:
@@ -28,4 +30,5 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "itl_s": list(self.itl_s), "tpot_s": self.tpot_s}
+        return {**asdict(self), "itl_s": list(self.itl_s), "tpot_s": self.tpot_s,
+                "output_ids": None if self.output_ids is None else list(self.output_ids)}

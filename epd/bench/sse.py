@@ -34,9 +34,11 @@ class SseParser:
 
 @dataclass(frozen=True)
 class Chunk:
-    """What one `data:` payload says, as far as timing goes."""
+    """What one `data:` payload says, as far as timing goes, and the output it carries."""
 
     tokens: int = 0  # output tokens this chunk carries; 0: not a token chunk (role, finish, usage)
+    text: str = ""  # the first choice's `content`
+    token_ids: tuple[int, ...] = ()  # its token ids, where the server sends them (ours, vLLM's)
     completion_tokens: int | None = None  # from `usage`, normally only on the last chunk
     prompt_tokens: int | None = None
     error: str | None = None
@@ -57,8 +59,27 @@ def parse_chunk(data: str) -> Chunk:
         message = error.get("message") if isinstance(error, dict) else error
         return Chunk(error=str(message))
     usage = payload.get("usage") or {}
-    return Chunk(tokens=_tokens_in(payload.get("choices") or []),
+    choices = payload.get("choices") or []
+    return Chunk(tokens=_tokens_in(choices), text=_content_of(choices), token_ids=_ids_of(choices),
                  completion_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"))
+
+
+def _first_choice(choices: list) -> tuple[dict, dict]:
+    """(the first choice, its delta), empty dicts where the chunk has none."""
+    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    delta = choice.get("delta")
+    return choice, delta if isinstance(delta, dict) else {}
+
+
+def _content_of(choices: list) -> str:
+    content = _first_choice(choices)[1].get("content")
+    return content if isinstance(content, str) else ""
+
+
+def _ids_of(choices: list) -> tuple[int, ...]:
+    choice, delta = _first_choice(choices)
+    ids = choice.get("token_ids") or delta.get("token_ids")
+    return tuple(i for i in ids if isinstance(i, int)) if isinstance(ids, list) else ()
 
 
 def _tokens_in(choices: list) -> int:
@@ -70,11 +91,8 @@ def _tokens_in(choices: list) -> int:
     Servers that return `token_ids` (vLLM's shape, and ours: on the choice; older servers put them
     in the delta) get an exact count; otherwise a chunk counts as one.
     """
-    if not choices or not isinstance(choices[0], dict):
-        return 0
-    choice = choices[0]
-    delta = choice.get("delta") or {}
-    ids = choice.get("token_ids") or delta.get("token_ids")
+    choice, delta = _first_choice(choices)
+    ids = _ids_of(choices)
     if ids:
         return len(ids)
     content = delta.get("content")

@@ -90,6 +90,24 @@ def test_compare_hf_against_a_server(stub, tmp_path, capsys):
     assert hf["median"]["failures"] == 0 and hf["median"]["ttft_p50_ms"] > 0
     assert report["ratios"]["output_tok_per_s / hf"]["hf"] == 1.0
     assert report["ratios"]["output_tok_per_s / colocated"] is None
+    # The stub's canned words are not what the model generates; it sends no token ids: text compared.
+    same = report["same_output_as_hf"][label]
+    assert (same["equal"], same["compared"], same["by_text"]) == (0, 2, 2)
+    assert next(line for line in table.splitlines() if line.startswith("same output as hf")).endswith("0/2 text")
+
+
+def test_compare_checks_the_clusters_greedy_output_against_transformers(tmp_path, capsys):
+    # The project's first promise, measured where users measure us: every request's token ids from
+    # `epd serve` (streamed through the gateway) equal `generate(do_sample=False)`'s.
+    model_dir = make_tiny_model("qwen3_vl_moe", "tiny", tmp_path / "qwen", seed=3)
+    code = cli.main(["bench", "compare", "--model", str(model_dir), "--workload", "image-1", "--requests", "3",
+                     "--concurrency", "3", "--output-len", "8", "--runs", "1", "--skip", "colocated", "--json",
+                     "--quiet"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    report = json.loads(out[-1])
+    assert report["same_output_as_hf"] == {"cluster": {"equal": 3, "compared": 3, "by_text": 0,
+                                                       "first_difference": None}}
 
 
 def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, capsys):

@@ -46,6 +46,14 @@ def test_a_stream_is_timed_and_counted_from_usage():
     assert len(result.itl_s) == 2  # gaps between the three token-carrying chunks
     assert 0 <= result.ttft_s <= result.e2e_s
     assert result.tpot_s is not None
+    assert (result.output_text, result.output_ids) == ("abc", None)  # no ids sent: the text only
+
+
+def test_the_output_ids_are_collected_where_the_server_sends_them():
+    chunks = [{"choices": [{"index": 0, "delta": {"content": t}, "token_ids": ids}]} for t, ids in
+              (("a", [7]), ("", [8]), ("bc", [9, 10]))]  # "": a token held back by the detokenizer
+    result = send(lambda request: httpx.Response(200, content=sse(role(), *chunks, usage(4))))
+    assert result.ok and (result.output_text, result.output_ids) == ("abc", (7, 8, 9, 10))
 
 
 def test_without_usage_the_chunks_are_counted():
@@ -97,5 +105,6 @@ def test_chat_body_asks_for_exactly_n_greedy_tokens_with_usage():
     assert body["model"] == "m"
     assert (body["max_tokens"], body["temperature"], body["ignore_eos"], body["stream"]) == (48, 0, True, True)
     assert body["stream_options"] == {"include_usage": True}
+    assert body["return_token_ids"] is True  # outputs compared with hf's by id where the server obliges
     assert body["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/png;base64,")
     assert "model" not in json.loads(chat_body(make_request(WorkloadSpec("text"), 0), None, 8))

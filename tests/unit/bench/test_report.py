@@ -40,6 +40,22 @@ def test_an_unavailable_configuration_is_a_column_of_n_a_with_its_reason():
     assert result.to_dict()["columns"][1]["median"] is None
 
 
+def test_a_row_says_how_many_outputs_equal_hf_and_where_the_first_difference_is():
+    def outputs(label: str, ids: list[tuple[int, ...]]) -> ConfigResult:
+        runs = [[RequestResult(i, True, 0.0, 0.1, 0.5, (), 2, output_ids=x) for i, x in enumerate(ids)]]
+        return ConfigResult(label, "", [summarize(r, 1.0) for r in runs], runs)
+
+    result = comparison(outputs("hf", [(1, 2), (3, 4)]), outputs("cluster", [(1, 2), (3, 5)]),
+                        ConfigResult("vllm", "", unavailable="down"))
+    table = format_compare(result)
+    row = next(line for line in table.splitlines() if line.startswith("same output as hf"))
+    assert row.split()[-2:] == ["1/2", "n/a"]
+    assert "cluster differs from hf first at run 1, request 1: token 2 of 2" in table
+    assert result.to_dict()["same_output_as_hf"] == {
+        "cluster": {"equal": 1, "compared": 2, "by_text": 0, "first_difference": "run 1, request 1: token 2 of 2"},
+        "vllm": None}
+
+
 def test_ratio_rows_only_for_bases_in_the_table():
     table = format_compare(comparison(column("127.0.0.1:18555", [4], 1.0)))
     assert "÷" not in table

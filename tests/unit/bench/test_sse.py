@@ -37,6 +37,14 @@ def test_token_ids_give_an_exact_count():
     assert (parse_chunk(data(on_choice)).tokens, parse_chunk(data(in_delta)).tokens) == (3, 2)
 
 
+def test_a_chunk_carries_its_text_and_ids():
+    chunk = parse_chunk(data({"choices": [{"index": 0, "delta": {"content": "ab"}, "token_ids": [5, 6]}]}))
+    assert (chunk.text, chunk.token_ids) == ("ab", (5, 6))
+    bare = parse_chunk(data({"choices": [{"index": 0, "delta": {"content": None}, "token_ids": "x"}]}))
+    assert (bare.text, bare.token_ids) == ("", ())  # odd shapes carry nothing, and do not raise
+    assert parse_chunk(data({"choices": []})).text == ""
+
+
 def test_an_empty_content_without_role_is_a_held_back_token():
     # Our gateway sends this when the detokenizer holds a split UTF-8 character back.
     assert parse_chunk(data({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]})).tokens == 1
