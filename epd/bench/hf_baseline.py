@@ -1,7 +1,11 @@
 """The reference point: plain transformers `generate`, one request at a time, in this process.
 
 This is what a user gets without any serving system: processor chat template + `generate`, greedy,
-`min_new_tokens` standing in for `ignore_eos` so every request makes exactly N tokens. A streamer
+with no end-of-sequence token, which is what `ignore_eos` means to a server (ours, vLLM): every
+request makes exactly N tokens, and an end-of-sequence token the model picks is kept and
+generation goes on. (`min_new_tokens=N` would also make N tokens, but by masking those tokens' logits,
+so wherever one is the greedy pick its output parts from every server's: seen on Qwen small, float32,
+1 request of 48, at token 31.) A streamer
 timestamps each new token, so TTFT and inter-token gaps mean what they mean over HTTP (TTFT
 includes the processor, as the server's includes image decoding and processing).
 """
@@ -48,6 +52,7 @@ class HfBaseline:
         self.processor = AutoProcessor.from_pretrained(model_dir)
         self.dtype = resolve_dtype(dtype)
         self.model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=self.dtype).eval()
+        self.model.generation_config.eos_token_id = None  # ignore_eos: nothing stops generation, nothing is masked
 
     def inputs(self, request: BenchRequest):
         """The processor's model inputs for `request`: its chat template, tokenized, with pixel values."""
@@ -61,8 +66,7 @@ class HfBaseline:
         timer = TokenTimer()
         try:
             inputs = self.inputs(request)
-            out = self.model.generate(**inputs, max_new_tokens=output_len, min_new_tokens=output_len,
-                                      do_sample=False, streamer=timer)
+            out = self.model.generate(**inputs, max_new_tokens=output_len, do_sample=False, streamer=timer)
         except Exception as exc:  # a failed request is a result, as over HTTP
             return RequestResult(request.index, False, started, e2e_s=time.perf_counter() - started,
                                  error=f"{type(exc).__name__}: {exc}")

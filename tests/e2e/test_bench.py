@@ -86,7 +86,7 @@ def test_compare_hf_against_a_server(stub, tmp_path, capsys):
     report = json.loads(out[-1])
     hf, server = report["columns"]
     assert (hf["label"], server["label"]) == ("hf", label)
-    assert hf["median"]["output_tokens"] == 8 == server["median"]["output_tokens"]  # min_new_tokens = ignore_eos
+    assert hf["median"]["output_tokens"] == 8 == server["median"]["output_tokens"]  # no end token: ignore_eos
     assert hf["median"]["failures"] == 0 and hf["median"]["ttft_p50_ms"] > 0
     assert report["ratios"]["output_tok_per_s / hf"]["hf"] == 1.0
     assert report["ratios"]["output_tok_per_s / colocated"] is None
@@ -126,3 +126,20 @@ def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, ca
     assert report["tail_step_s"] > 0
     assert report["engine_wall_s"] == report["front_end_wall_s"] + 3 * report["tail_step_s"]
     assert "cluster / hf at most" in out[-3] and "with this engine's decode step" in out[-2]
+
+
+def test_hf_keeps_an_end_token_it_picks_and_goes_on_as_ignore_eos_does(tmp_path):
+    # The checkpoint's end-of-sequence token is made the very token greedy decoding picks first:
+    # a server with ignore_eos sends it and goes on, so the baseline must too (min_new_tokens would
+    # mask it and pick another, and every server would then "differ" from hf there).
+    from epd.bench.hf_baseline import HfBaseline
+    from epd.bench.workloads import make_request
+
+    model_dir = make_tiny_model("qwen3_vl_moe", "tiny", tmp_path / "qwen", seed=3)
+    request = make_request(WorkloadSpec("image-1"), 0)
+    first = HfBaseline(str(model_dir)).generate_one(request, 4).output_ids[0]
+    config_path = model_dir / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config_path.write_text(json.dumps({**config, "eos_token_id": first}))
+    result = HfBaseline(str(model_dir)).generate_one(request, 4)
+    assert result.ok and result.output_tokens == 4 and result.output_ids[0] == first
