@@ -96,18 +96,17 @@ def test_compare_hf_against_a_server(stub, tmp_path, capsys):
     assert next(line for line in table.splitlines() if line.startswith("same output as hf")).endswith("0/2 text")
 
 
-def test_compare_checks_the_clusters_greedy_output_against_transformers(tmp_path, capsys):
+def test_compare_checks_both_modes_greedy_output_against_transformers(tmp_path, capsys):
     # The project's first promise, measured where users measure us: every request's token ids from
-    # `epd serve` (streamed through the gateway) equal `generate(do_sample=False)`'s.
+    # `epd serve`, colocated and disaggregated (streamed through the gateway), equal `generate`'s.
     model_dir = make_tiny_model("qwen3_vl_moe", "tiny", tmp_path / "qwen", seed=3)
     code = cli.main(["bench", "compare", "--model", str(model_dir), "--workload", "image-1", "--requests", "3",
-                     "--concurrency", "3", "--output-len", "8", "--runs", "1", "--skip", "colocated", "--json",
-                     "--quiet"])
+                     "--concurrency", "3", "--output-len", "8", "--runs", "1", "--json", "--quiet"])
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     report = json.loads(out[-1])
-    assert report["same_output_as_hf"] == {"cluster": {"equal": 3, "compared": 3, "by_text": 0,
-                                                       "first_difference": None}}
+    every_one = {"equal": 3, "compared": 3, "by_text": 0, "first_difference": None}
+    assert report["same_output_as_hf"] == {"colocated": every_one, "cluster": every_one}
 
 
 def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, capsys):
