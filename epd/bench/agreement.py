@@ -56,7 +56,8 @@ def agreement(runs: Sequence[Sequence[RequestResult]], reference_runs: Sequence[
             if reference is None or not ours.ok:
                 continue
             compared += 1
-            by_text += ours.output_ids is None or reference.output_ids is None
+            if ours.output_ids is None or reference.output_ids is None:
+                by_text += 1
             where = first_difference(ours, reference)
             if where is None:
                 equal += 1
