@@ -56,9 +56,11 @@ def test_a_row_says_how_many_outputs_equal_hf_and_where_the_first_difference_is(
         "vllm": None}
 
 
-def test_ratio_rows_only_for_bases_in_the_table():
-    table = format_compare(comparison(column("127.0.0.1:18555", [4], 1.0)))
-    assert "÷" not in table
+def test_ratio_and_same_output_rows_only_for_bases_in_the_table():
+    result = comparison(column("127.0.0.1:18555", [4], 1.0))
+    table = format_compare(result)
+    assert "÷" not in table and "same output" not in table
+    assert result.agreements() is None and result.to_dict()["same_output_as_hf"] == {}
 
 
 def test_medians_over_runs():
