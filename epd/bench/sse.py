@@ -66,7 +66,7 @@ def parse_chunk(data: str) -> Chunk:
 
 def _first_choice(choices: list) -> tuple[dict, dict]:
     """(the first choice, its delta), empty dicts where the chunk has none."""
-    choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     delta = choice.get("delta")
     return choice, delta if isinstance(delta, dict) else {}
 

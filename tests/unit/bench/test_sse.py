@@ -43,6 +43,7 @@ def test_a_chunk_carries_its_text_and_ids():
     bare = parse_chunk(data({"choices": [{"index": 0, "delta": {"content": None}, "token_ids": "x"}]}))
     assert (bare.text, bare.token_ids) == ("", ())  # odd shapes carry nothing, and do not raise
     assert parse_chunk(data({"choices": []})).text == ""
+    assert parse_chunk(data({"choices": {"0": {}}})) == Chunk()  # not a list: nothing, not an exception
 
 
 def test_an_empty_content_without_role_is_a_held_back_token():
