@@ -64,8 +64,7 @@ class _StreamTimer:
         self.chunk = Chunk()  # the usage / error / done facts seen so far
         self.done = False
         self.text: list[str] = []
-        self.ids: list[int] = []
-        self.any_ids = False
+        self.ids: list[int] = []  # empty: the server sent none
 
     def on_chunk(self, chunk: Chunk) -> bool:
         """Record one chunk; True when the stream is over ([DONE] or an error)."""
@@ -79,7 +78,6 @@ class _StreamTimer:
             self.counted += chunk.tokens
         self.text.append(chunk.text)
         self.ids.extend(chunk.token_ids)
-        self.any_ids = self.any_ids or bool(chunk.token_ids)
         if chunk.completion_tokens is not None or chunk.error:
             self.chunk = chunk
         self.done = chunk.done
@@ -96,7 +94,7 @@ class _StreamTimer:
         ttft = None if self.first is None else self.first - self.started
         return RequestResult(index, error is None, self.started, ttft, e2e, tuple(self.gaps), tokens,
                              self.chunk.prompt_tokens, status, error, "".join(self.text),
-                             tuple(self.ids) if self.any_ids else None)
+                             tuple(self.ids) if self.ids else None)
 
     def failed(self, index: int, status: int | None, error: str) -> RequestResult:
         return RequestResult(index, False, self.started, e2e_s=time.perf_counter() - self.started,

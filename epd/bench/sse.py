@@ -59,30 +59,27 @@ def parse_chunk(data: str) -> Chunk:
         message = error.get("message") if isinstance(error, dict) else error
         return Chunk(error=str(message))
     usage = payload.get("usage") or {}
-    choices = payload.get("choices") or []
-    return Chunk(tokens=_tokens_in(choices), text=_content_of(choices), token_ids=_ids_of(choices),
-                 completion_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"))
+    choice, delta = _first_choice(payload.get("choices"))
+    ids = _ids_of(choice, delta)
+    content = delta.get("content")
+    return Chunk(tokens=_tokens_in(choice, delta, ids), text=content if isinstance(content, str) else "",
+                 token_ids=ids, completion_tokens=usage.get("completion_tokens"),
+                 prompt_tokens=usage.get("prompt_tokens"))
 
 
-def _first_choice(choices: list) -> tuple[dict, dict]:
+def _first_choice(choices) -> tuple[dict, dict]:
     """(the first choice, its delta), empty dicts where the chunk has none."""
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     delta = choice.get("delta")
     return choice, delta if isinstance(delta, dict) else {}
 
 
-def _content_of(choices: list) -> str:
-    content = _first_choice(choices)[1].get("content")
-    return content if isinstance(content, str) else ""
-
-
-def _ids_of(choices: list) -> tuple[int, ...]:
-    choice, delta = _first_choice(choices)
+def _ids_of(choice: dict, delta: dict) -> tuple[int, ...]:
     ids = choice.get("token_ids") or delta.get("token_ids")
     return tuple(i for i in ids if isinstance(i, int)) if isinstance(ids, list) else ()
 
 
-def _tokens_in(choices: list) -> int:
+def _tokens_in(choice: dict, delta: dict, ids: tuple[int, ...]) -> int:
     """Tokens carried by the first choice's delta.
 
     A chunk carries tokens when it has text, or token ids, or an empty `content` without `role`:
@@ -91,8 +88,6 @@ def _tokens_in(choices: list) -> int:
     Servers that return `token_ids` (vLLM's shape, and ours: on the choice; older servers put them
     in the delta) get an exact count; otherwise a chunk counts as one.
     """
-    choice, delta = _first_choice(choices)
-    ids = _ids_of(choices)
     if ids:
         return len(ids)
     content = delta.get("content")

@@ -62,7 +62,7 @@ def decode_contexts(tables: list[list[int]], lengths: list[int], block_size: int
     """Pool slots [n, length] of each decode's context, slot 0 (the zero block) past its end, and the
     mask [n, 1, length] (True: attend); pure. `length` >= every one of `lengths`."""
     blocks = -(-length // block_size)
-    table = torch.tensor([t[:blocks] + [0] * (blocks - len(t[:blocks])) for t in tables], dtype=torch.long)  # [n, B]
+    table = torch.tensor([(t + [0] * blocks)[:blocks] for t in tables], dtype=torch.long)  # [n, B]
     slots = (table[:, :, None] * block_size + torch.arange(block_size)).view(len(tables), -1)[:, :length]
     mask = torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]  # [n, L]
     # Past the end the block table's own slots may hold anything (never written, or another
