@@ -17,7 +17,7 @@ import torch
 from transformers import AutoConfig, AutoImageProcessor, PretrainedConfig
 from transformers.utils import logging as hf_logging
 
-from epd.models import experts, patch_embed
+from epd.models import experts, patch_embed, vision_rope
 from epd.models.processor_files import require_checkpoint_dir, require_image_processor_config
 from epd.models.registry import FamilyAdapter, adapter_for
 
@@ -57,6 +57,7 @@ def load_encoder(model_dir: str | Path, dtype: torch.dtype | None = None, device
     image_processor = AutoImageProcessor.from_pretrained(root)
     model = _load_role(root, adapter, "encoder", dtype, device)
     patch_embed.install(model)
+    vision_rope.install(model)
     return EncoderModel(root, config, adapter, image_processor, model)
 
 
