@@ -47,24 +47,29 @@ def cluster(e2e_dirs):
 
 
 async def leave_early(client: httpx.AsyncClient, url: str, index: int, rng: random.Random) -> str:
-    """One streamed request given up on: after its first chunk, or at a random moment before it."""
+    """One streamed request given up on: after its first chunk, after its twentieth (the decode worker
+    then holds its KV blocks for many steps, long enough for the gauge sampler to see them: the
+    first chunks can come and go before it has admitted the request, or a step or two after), or
+    at a random moment before the first."""
     content = [{"type": "text", "text": f"Tell me a long story, number {index}."}]
     if index % 3 == 0:
         content.insert(0, {"type": "image_url", "image_url": {"url": data_url(pattern_image(index))}})
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": 200, "stream": True,
-            "temperature": 0}
+            "temperature": 0, "ignore_eos": True}  # no stream ends before its client leaves
 
-    async def first_chunk() -> str:
+    async def first_chunks(count: int) -> str:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as reply:
             async for line in reply.aiter_lines():
                 if line.startswith("data: "):
-                    return "after-first-chunk"
+                    count -= 1
+                    if count == 0:
+                        return "mid-stream"
         return "finished"
 
     if index % 2:
-        return await first_chunk()
+        return await first_chunks(1 if index % 4 == 1 else 20)
     try:  # cancelled wherever it is: encoding, prefilling, being admitted, decoding
-        return await asyncio.wait_for(first_chunk(), rng.uniform(0.0, 0.3))
+        return await asyncio.wait_for(first_chunks(1), rng.uniform(0.0, 0.3))
     except TimeoutError:
         return "early"
 
