@@ -147,18 +147,19 @@ def _front_end(pipeline, request) -> tuple[float, int]:
     from epd.chat import render_prompt
     from epd.engine.params import SamplingParams
 
-    prompt = render_prompt(pipeline.tokenizer, request.hf_messages())
-    images = [spec.image() for spec in request.images]
+    messages = request.hf_messages()  # its image parts hold the images, made once
+    prompt = render_prompt(pipeline.tokenizer, messages)
+    images = [part["image"] for part in messages[0]["content"] if part["type"] == "image"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        best, length = float("inf"), 0
+        best = float("inf")
         for _ in range(2):  # the best of two: a run the OS interrupted costs more, never less
             started = time.thread_time()  # this thread's CPU time: with one torch thread, all the work's
             seq = pipeline.sequence(prompt, images, SamplingParams(max_tokens=1, ignore_eos=True))
             pipeline.engine.run_to_completion([seq])
-            best, length = min(best, time.thread_time() - started), seq.num_prompt_tokens
-        return best, length
+            best = min(best, time.thread_time() - started)
+        return best, seq.num_prompt_tokens
     finally:
         torch.set_num_threads(threads)
 

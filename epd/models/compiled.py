@@ -21,9 +21,6 @@ from collections.abc import Callable
 import torch
 
 log = logging.getLogger(__name__)
-# Compiling imports torch.utils.cpp_extension, whose one warning on a machine without CUDA (from a
-# CUDA build of torch: "No CUDA runtime is found") says nothing a user of a CPU worker can act on.
-logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 # Kernels take the calling thread's OpenMP thread count (the worker's compute thread sets it,
 # epd.threads) instead of the count at compile time; no pool of compile processes in a worker.
@@ -52,6 +49,9 @@ class CheckedCompile:
     """Calls like `eager`; runs a compiled copy once it has matched `eager` on this kind of input."""
 
     def __init__(self, eager: Callable, name: str):
+        # Compiling imports torch.utils.cpp_extension, whose one warning on a machine without CUDA (from
+        # a CUDA build of torch: "No CUDA runtime is found") says nothing a user of a CPU worker can act on.
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         self.eager = eager
         self.name = name
         self._compiled: Callable | None = torch.compile(eager, dynamic=True, options=_INDUCTOR_OPTIONS)
@@ -67,15 +67,16 @@ class CheckedCompile:
         compiled = self._compiled
         if compiled is None:
             return self.eager(*args)
-        if _kind(args) not in self._checked:
-            return self._check(args)
+        kind = _kind(args)
+        if kind not in self._checked:
+            return self._check(args, kind)
         try:
             return compiled(*args)
         except Exception as exc:  # a recompile that fails must not fail the request
             self._give_up(f"compiling failed ({exc})")
             return self.eager(*args)
 
-    def _check(self, args: tuple):
+    def _check(self, args: tuple, kind: tuple):
         with self._lock:
             expected = self.eager(*args)
             if self._compiled is None:
@@ -88,8 +89,8 @@ class CheckedCompile:
             if not _same(got, expected):
                 self._give_up("its output differs from the library's")
                 return expected
-            self._checked.add(_kind(args))
-            log.info("%s: compiled, same output as the library's for %s", self.name, _kind(args))
+            self._checked.add(kind)
+            log.info("%s: compiled, same output as the library's for %s", self.name, kind)
             return expected
 
     def _give_up(self, why: str) -> None:

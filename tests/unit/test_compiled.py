@@ -78,8 +78,7 @@ _LIBRARY_ROPE = apply_rotary_pos_emb_vision
 
 
 class _Attention(torch.nn.Module):  # ...a module's class
-    def forward(self, q, k, cos, sin):
-        return getattr(sys.modules[__name__], vision_rope.NAME)(q, k, cos, sin)
+    pass
 
 
 def test_install_replaces_the_name_in_each_module_the_model_is_built_from_once(monkeypatch):
