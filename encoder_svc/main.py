@@ -17,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_encoder_arguments(p: argparse.ArgumentParser) -> None:
     """The encoder's own flags (also taken by the colocated worker)."""
-    p.add_argument("--max-batch-images", type=int, default=env_default("max_batch_images", 8))
+    p.add_argument("--max-batch-images", type=int, default=env_default("max_batch_images", 0),
+                   help="images per vision-tower forward (0: 4 on a CPU, where batching saves no work and "
+                        "smaller batches reach the prefill worker sooner; 8 on a GPU)")
     p.add_argument("--batch-wait-ms", type=float, default=env_default("batch_wait_ms", 5.0))
     p.add_argument("--cache-mb", type=int, default=env_default("encoder_cache_mb", 512),
                    help="embedding store budget in MiB")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
-from encoder_svc.config import EncoderConfig
+from encoder_svc.config import EncoderConfig, max_batch_images_for
 from epd import metrics
 from epd.batcher import MicroBatcher
 from epd.digest import FileDigests, embedding_key, processor_fingerprint
@@ -52,7 +52,8 @@ class EncoderService:
         self.store: ByteBudgetLRU[str, EncodedImage] = ByteBudgetLRU(config.cache_bytes)
         self.seen_files = FileDigests()  # a file decoded before needs no decode to find its cached embeddings
         self.batcher: MicroBatcher[Image.Image, EncodedImage] = MicroBatcher(
-            self._encode_batch, max_batch=config.max_batch_images, max_wait_s=config.batch_wait_ms / 1000,
+            self._encode_batch, max_batch=max_batch_images_for(config.max_batch_images, encoder.device.type),
+            max_wait_s=config.batch_wait_ms / 1000,
             max_queue=config.max_queue_images, on_batch=metrics.ENCODER_BATCH_SIZE.observe,
             on_queue_depth=metrics.QUEUE_DEPTH.labels(ROLE).set,
             # The batcher thread runs the tower: the process's one OpenMP team (see epd.threads).

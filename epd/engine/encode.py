@@ -44,6 +44,11 @@ class ImageEncoder:
             raise ValueError(f"{encoder.model_dir}: an encoder needs an image processor")
         self.encoder = encoder
 
+    @property
+    def device(self) -> torch.device:
+        """Where the vision tower runs."""
+        return next(self.encoder.model.parameters()).device
+
     @torch.inference_mode()
     def encode(self, images: list[Image.Image]) -> list[EncodedImage]:
         if not images:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from encoder_svc.config import EncoderConfig
+from encoder_svc.config import EncoderConfig, max_batch_images_for
 from encoder_svc.service import EncoderService, ImageRequest
 from epd.digest import pixel_digest
 from epd.engine.encode import EncodedImage
@@ -23,6 +23,7 @@ class _Tower:
 
     def __init__(self, model_dir: str) -> None:
         self.encoder = SimpleNamespace(model_dir=model_dir)
+        self.device = torch.device("cpu")
         self.images_encoded = 0
 
     def encode(self, images: list[Image.Image]) -> list[EncodedImage]:
@@ -98,3 +99,17 @@ def test_an_unreadable_file_fails_every_time_it_is_sent(service):
         with pytest.raises(InvalidInput, match="image 1 is not a readable image"):
             service.encode([ImageRequest(png(16)), ImageRequest(b"\x89PNG not really")], timeout_s=5)
     assert service.decodes == [0, 1, 1]  # the good file once, the bad one on every try
+
+
+def test_images_per_forward_default_by_device_and_as_asked_otherwise():
+    assert max_batch_images_for(0, "cpu") == 4  # batching saves no work on a CPU; smaller batches start prefill sooner
+    assert max_batch_images_for(0, "cuda") == 8
+    assert max_batch_images_for(3, "cpu") == 3 and max_batch_images_for(16, "cuda") == 16
+    with pytest.raises(ValueError, match="max_batch_images"):
+        max_batch_images_for(-1, "cpu")
+    with pytest.raises(ValueError, match="0: by device"):
+        EncoderConfig(model_dir="m", max_batch_images=-2)
+
+
+def test_the_service_batches_at_most_the_devices_default(service):
+    assert service.batcher._max_batch == 4  # the stand-in tower is on the CPU
