@@ -2,11 +2,12 @@
 
 On a GPU the vision tower is far cheaper per image when images from different requests go through
 it together (on a CPU it is not, and the encoder keeps its batches small there:
-`encoder_svc.config.max_batch_images_for`), but each gRPC handler thread holds only its own request. This collects their items
-into batches for a single worker thread: a batch runs as soon as it is full, or ``max_wait_s``
-after its first item arrived, whichever is first, so a lone request pays at most ``max_wait_s``
-of extra latency. The queue is bounded so that overload turns into a fast ``QueueFull``
-(RESOURCE_EXHAUSTED on the wire) rather than unbounded memory and latency.
+`encoder_svc.config.max_batch_images_for`), but each gRPC handler thread holds only its own
+request. This collects their items into batches for a single worker thread: a batch runs as soon
+as it is full, or ``max_wait_s`` after its first item arrived, whichever is first, so a lone
+request pays at most ``max_wait_s`` of extra latency. The queue is bounded so that overload
+turns into a fast ``QueueFull`` (RESOURCE_EXHAUSTED on the wire) rather than unbounded memory
+and latency.
 """
 
 from __future__ import annotations
