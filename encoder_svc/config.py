@@ -38,7 +38,7 @@ def max_batch_images_for(requested: int, device_type: str) -> int:
 
     On a GPU a forward of several images fills the device where one image leaves it idle. On a CPU
     batching saves nothing: the small checkpoints' towers took the same CPU time per image in
-    batches of 2 and 4, and 3-10% more in batches of 8 (their activations outgrow the cache; one
+    batches of 2 and 4, and 3-12% more in batches of 8 (their activations outgrow the cache; one
     thread, 8 images, both dtypes). What a large batch does cost there is time: the first prompt can
     start only when its batch is done, so under a burst of requests the prefill and decode workers
     waited for 8 images instead of 4. With 4, 16 concurrent image requests gave 3-11% more tokens/s

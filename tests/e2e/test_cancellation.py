@@ -26,11 +26,16 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def worker_metrics(url: str) -> list[str]:
+    """Every worker's /metrics page, as the router lists its workers."""
+    return [httpx.get(w["metrics_url"], timeout=10).text
+            for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]]
+
+
 def held(url: str) -> dict[str, float]:
     """What the cluster's workers hold for requests, summed over workers (0 everywhere when idle)."""
     out = {"kv_blocks_used": 0.0, "kv_leases": 0.0, "embedding_leases": 0.0, "shm_segments": 0.0, "reaped": 0.0}
-    for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]:
-        text = httpx.get(w["metrics_url"], timeout=10).text
+    for text in worker_metrics(url):
         out["kv_blocks_used"] += metric_sum(text, "epd_kv_blocks_used")
         out["kv_leases"] += metric_sum(text, "epd_leases_active", kind="kv")
         out["embedding_leases"] += metric_sum(text, "epd_leases_active", kind="embedding")
@@ -84,12 +89,9 @@ async def disconnects(url: str, n: int, concurrency: int) -> list[str]:
 
 def transferred(url: str) -> dict[str, float]:
     """Bytes pulled so far through the transfer layer, by kind, summed over workers (a counter)."""
-    out = {"kv": 0.0, "embedding": 0.0}
-    for w in httpx.get(f"{url}/workers", timeout=10).json()["workers"]:
-        text = httpx.get(w["metrics_url"], timeout=10).text
-        for kind in out:
-            out[kind] += metric_sum(text, "epd_transfer_bytes_total", kind=kind)
-    return out
+    pages = worker_metrics(url)
+    return {kind: sum(metric_sum(text, "epd_transfer_bytes_total", kind=kind) for text in pages)
+            for kind in ("kv", "embedding")}
 
 
 def held_mid_stream(url: str) -> dict[str, float]:
