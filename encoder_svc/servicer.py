@@ -7,6 +7,7 @@ import grpc
 from encoder_svc.service import EncoderService, ImageRequest, LeasedEmbedding
 from epd.deadlines import remaining_s
 from epd.rpc_errors import InvalidInput
+from epd.transfer.undelivered import release_if_undelivered
 from epd.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc
 from epd.wire.tensors import meta_of
 
@@ -24,6 +25,8 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
         timeout_s = remaining_s(request.deadline_ms, context.time_remaining(), self.service.config.encode_timeout_s)
         images = [ImageRequest(im.data, im.image_digest) for im in request.images]
         leased = self.service.encode(images, timeout_s)
+        handle_ids = [e.handle.handle_id for e in leased]  # if the router has left, nobody will pull them
+        release_if_undelivered(context, lambda: [self.service.sender.release(h) for h in handle_ids])
         return encoder_pb2.EncodeResponse(embeddings=[to_pb(e) for e in leased])
 
 

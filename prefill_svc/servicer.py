@@ -6,6 +6,7 @@ import grpc
 
 from epd.deadlines import remaining_s
 from epd.rpc_errors import InvalidInput
+from epd.transfer.undelivered import release_if_undelivered
 from epd.v1 import common_pb2, prefill_pb2, prefill_pb2_grpc
 from epd.wire.sampling import sampling_from_pb
 from epd.wire.tensors import meta_of, tensor_from_proto
@@ -28,8 +29,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         result = self.service.prefill(request.request_id, list(request.token_ids), images,
                                       sampling_from_pb(request.sampling), tuple(request.sampling.stop_token_ids),
                                       timeout_s, context.is_active)
-        if result.kv_handle is not None and not context.is_active():  # the router left: nobody will pull it
-            self.service.sender.release(result.kv_handle.handle_id)
+        if result.kv_handle is not None:  # if the router has left (now or as the reply goes), nobody will pull it
+            handle_id = result.kv_handle.handle_id
+            release_if_undelivered(context, lambda: self.service.sender.release(handle_id))
         return to_pb(request.request_id, result)
 
 
