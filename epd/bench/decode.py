@@ -4,7 +4,8 @@ A decode step must at least read every weight it uses once: the dense layers, th
 the experts that the batch's tokens were routed to (counted per step by hooks on the expert
 modules). Dividing those bytes by the machine's read bandwidth, measured in the same run, gives
 the fastest a step could be; the figure printed is measured tokens/s as a fraction of that bound.
-`--profile` adds where one step's time goes (torch profiler, by operator).
+`--profile` adds where a step's time goes: by part of the model (epd.bench.step_parts) and by
+operator (torch profiler).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+
+_PROFILED_STEPS = 5
+# Tokens each sequence may make beyond the measured steps: two warm-up steps, then the profiled ones.
+_SPARE_TOKENS = 8 + _PROFILED_STEPS + 1
 
 
 @dataclass(frozen=True)
@@ -122,10 +127,10 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     where = use_device(resolve_device(device))
     language = load_language_model(model_dir, resolve_dtype(dtype, where), where)
     vocab = int(language.config.get_text_config().vocab_size)
-    tokens = batch * (context + steps + 8)
+    tokens = batch * (context + steps + _SPARE_TOKENS)
     engine = Engine(language, EngineConfig(kv_cache_bytes=1 << 40, num_blocks=tokens // 16 + batch + 2),
                     eos_token_ids(language.model_dir, language.config), role="bench")
-    params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
+    params = SamplingParams(max_tokens=steps + _SPARE_TOKENS, ignore_eos=True)
     seqs = [engine.new_sequence(f"bench-{i}", [(37 * i + 11 * j) % (vocab - 1) + 1 for j in range(context)],
                                 params) for i in range(batch)]
     for seq in seqs:
@@ -141,7 +146,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
         times.append(time.perf_counter() - started)
         expert_bytes.append(counter.take())
     counter.close()
-    table = _profile_step(engine) if profile else None
+    table = _profile_step(engine, language.model, batch) if profile else None
     step_s = statistics.median(times)
     weights = dense_weight_bytes(language.model) + statistics.mean(expert_bytes)
     per_token_kv = sum(s.heads * (s.key_dim + s.value_dim) for s in engine.cache.shapes) * \
@@ -152,12 +157,18 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     return DecodeBench(batch, context, step_s * 1000, batch / step_s, weights, kv, bandwidth, bound), table
 
 
-def _profile_step(engine) -> str:
+def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
+    """By part of the model over a few hooked steps, then one step by operator (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from epd.bench.step_parts import format_parts, time_parts
+
+    cache_update = [(engine.cache, "update", "KV cache: write, gather")]
+    parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=cache_update), batch)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+    return parts + "\n\none step by operator:\n" + prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                                              row_limit=20)
 
 
 def format_decode(result: DecodeBench) -> str:

@@ -127,6 +127,22 @@ def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, ca
     assert "cluster / hf at most" in out[-3] and "with this engine's decode step" in out[-2]
 
 
+@pytest.mark.parametrize("family", ["kimi_k25", "qwen3_vl_moe"])
+def test_decode_profile_names_the_parts_of_a_real_step(family, tmp_path, capsys):
+    model_dir = make_tiny_model(family, "tiny", tmp_path / family, seed=7)
+    code = cli.main(["bench", "decode", "--model", str(model_dir), "--batch", "3", "--context", "20", "--steps", "3",
+                     "--profile"])
+    out = capsys.readouterr().out
+    assert code == 0
+    parts = out.split("by part, summed over layers")[1].split("one step by operator:")[0].splitlines()[1:]
+    rows = {line[:54].strip(): float(line[54:].split("ms")[0]) for line in parts if line.strip()}
+    # The two parts every MoE decode step has, and the step's own work around the model.
+    assert rows["layer.self_attn"] > 0 and rows["layer.mlp.experts"] > 0
+    assert rows["layer.self_attn.(KV cache: write, gather)"] > 0  # the cache's update, timed apart
+    assert rows["outside the model (packing, sampling, scheduling)"] > 0
+    assert "aten::" in out.split("one step by operator:")[1]
+
+
 def test_hf_keeps_an_end_token_it_picks_and_goes_on_as_ignore_eos_does(tmp_path):
     # The checkpoint's end-of-sequence token is made the very token greedy decoding picks first:
     # a server with ignore_eos sends it and goes on, so the baseline must too (min_new_tokens would
