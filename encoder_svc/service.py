@@ -8,6 +8,7 @@ what this encoder computed from the pixels and its own processor, never by a cal
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from PIL import Image
@@ -18,7 +19,7 @@ from epd.batcher import MicroBatcher
 from epd.digest import FileDigests, embedding_key, processor_fingerprint
 from epd.engine.encode import EncodedImage, ImageEncoder
 from epd.lru import ByteBudgetLRU
-from epd.rpc_errors import InvalidInput
+from epd.rpc_errors import Cancelled, InvalidInput
 from epd.threads import set_thread_compute
 from epd.transfer.sender import TransferSender
 
@@ -67,7 +68,10 @@ class EncoderService:
         if out.num_tokens < 1:
             raise RuntimeError("warm-up encode produced no image tokens")
 
-    def encode(self, images: list[ImageRequest], timeout_s: float) -> list[LeasedEmbedding]:
+    def encode(self, images: list[ImageRequest], timeout_s: float,
+               is_active: Callable[[], bool] = lambda: True) -> list[LeasedEmbedding]:
+        """Embeddings of `images` (cached or computed), each under a lease. `is_active`: False once the
+        caller is gone; its images still waiting for a batch are then dropped, and nothing is leased."""
         pixels = [self._pixels(i, im) for i, im in enumerate(images)]  # (digest, image or None) each
         keys = [embedding_key(digest, self.fingerprint) for digest, _ in pixels]
         results: dict[str, EncodedImage] = {}
@@ -85,12 +89,14 @@ class EncoderService:
                 else:  # a file seen before whose embeddings have since been evicted: decode it after all
                     missing[key] = image if image is not None else self._decode(index, images[index])
             if missing:
-                computed = self.batcher.submit_many(list(missing.values()), timeout_s)
+                computed = self.batcher.submit_many(list(missing.values()), timeout_s, is_active)
                 for key, out in zip(missing, computed, strict=True):
                     if self.store.put(key, out, out.nbytes, pin=True):
                         pinned.add(key)
                     results[key] = out
             metrics.EMBEDDING_CACHE_BYTES.labels(ROLE).set(self.store.bytes_used)
+            if not is_active():  # computed and cached for the next request, but nobody would pull a lease
+                raise Cancelled("the caller went away during the encode")
             leased = []
             for key in keys:
                 # The first lease of a key takes over the pin held; a repeat pins again (safe: still held).

@@ -23,6 +23,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _log = logging.getLogger(__name__)
+_POLL_S = 0.25  # how often a waiting caller checks the deadline and that it is still wanted
 
 
 class QueueFull(RuntimeError):
@@ -139,12 +140,14 @@ class MicroBatcher(Generic[T, R]):
         """Run ``item`` in some batch and return its result, or raise TimeoutError after ``timeout_s``."""
         return self.submit_many([item], timeout_s)[0]
 
-    def submit_many(self, items: list[T], timeout_s: float) -> list[R]:
+    def submit_many(self, items: list[T], timeout_s: float, is_active: Callable[[], bool] | None = None) -> list[R]:
         """Enqueue ``items`` together (so they can share a batch) and return their results in order.
 
         All or nothing on entry: if they do not all fit in the queue, none is enqueued and
-        ``QueueFull`` is raised. On timeout, the items not yet started are taken back out of the
-        queue, so ``fn`` never sees work nobody waits for.
+        ``QueueFull`` is raised. On timeout, or once ``is_active()`` turns False (the caller went
+        away; looked at every ``_POLL_S``), the items not yet started are taken back out of the
+        queue, so ``fn`` never sees work nobody waits for, and ``TimeoutError`` or
+        ``epd.rpc_errors.Cancelled`` is raised.
         """
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -153,9 +156,15 @@ class MicroBatcher(Generic[T, R]):
         deadline = time.monotonic() + timeout_s
         pendings = self._enqueue(items)
         for pending in pendings:
-            if not pending.done.wait(max(0.0, deadline - time.monotonic())):
-                self._withdraw(pendings)
-                raise TimeoutError(f"batched item not done after {timeout_s:.3f} s")
+            while not pending.done.wait(min(max(0.0, deadline - time.monotonic()), _POLL_S)):
+                if time.monotonic() >= deadline:
+                    self._withdraw(pendings)
+                    raise TimeoutError(f"batched item not done after {timeout_s:.3f} s")
+                if is_active is not None and not is_active():
+                    from epd.rpc_errors import Cancelled
+
+                    self._withdraw(pendings)
+                    raise Cancelled("the caller went away while its items waited for a batch")
         return [self._outcome(pending) for pending in pendings]
 
     def _enqueue(self, items: list[T]) -> list[_Pending[T, R]]:

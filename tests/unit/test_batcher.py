@@ -210,6 +210,33 @@ def test_timed_out_item_is_dropped_from_the_queue(make_batcher, pool):
     assert fn.batches == [[100], [8]]  # fn never saw 7
 
 
+def test_an_item_whose_caller_left_is_dropped_from_the_queue(make_batcher, pool):
+    from epd.rpc_errors import Cancelled
+
+    fn = GatedDouble(open_=False)
+    batcher = make_batcher(fn)
+    blocker = hold_worker(batcher, fn, pool)
+    wanted = threading.Event()
+    wanted.set()
+    waiting = pool.submit(batcher.submit_many, [7, 9], 10.0, wanted.is_set)
+    wait_until(lambda: batcher.queue_depth == 2)
+    left_at = time.monotonic()
+    wanted.clear()  # the caller goes away
+    with pytest.raises(Cancelled, match="went away"):
+        waiting.result(10.0)
+    assert time.monotonic() - left_at < 2.0  # noticed at the next poll, not at the 10 s timeout
+    assert batcher.queue_depth == 0
+    fn.gate.set()
+    assert blocker.result(10.0) == 200
+    assert batcher.submit(8, timeout_s=5.0) == 16
+    assert fn.batches == [[100], [8]]  # fn never saw 7 or 9
+
+
+def test_a_caller_still_there_gets_its_results(make_batcher):
+    batcher = make_batcher(GatedDouble())
+    assert batcher.submit_many([1, 2], 5.0, lambda: True) == [2, 4]
+
+
 # --- lifecycle -------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from encoder_svc.config import EncoderConfig, max_batch_images_for
 from encoder_svc.service import EncoderService, ImageRequest
 from epd.digest import pixel_digest
 from epd.engine.encode import EncodedImage
-from epd.rpc_errors import InvalidInput
+from epd.rpc_errors import Cancelled, InvalidInput
 
 
 class _Tower:
@@ -32,7 +32,11 @@ class _Tower:
 
 
 class _Sender:
+    def __init__(self) -> None:
+        self.published = 0
+
     def publish(self, tensors, kind, ttl_s, on_release=None):
+        self.published += 1
         return SimpleNamespace(kind=kind, on_release=on_release)
 
 
@@ -113,3 +117,13 @@ def test_images_per_forward_default_by_device_and_as_asked_otherwise():
 
 def test_the_service_batches_at_most_the_devices_default(service):
     assert service.batcher._max_batch == 4  # the stand-in tower is on the CPU
+
+
+def test_a_caller_gone_by_the_end_of_its_encode_gets_no_lease_but_the_cache_keeps_the_result(service):
+    data = png(16)
+    with pytest.raises(Cancelled):
+        service.encode([ImageRequest(data)], timeout_s=5, is_active=lambda: False)
+    assert service.sender.published == 0
+    [again] = service.encode([ImageRequest(data)], timeout_s=5)  # a later caller: a cache hit
+    assert service.encoder.images_encoded == 1 and service.sender.published == 1
+    assert service.store.pin_count(again.key) == 1  # the new lease's; the cancelled call kept none
