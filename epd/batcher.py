@@ -155,8 +155,9 @@ class MicroBatcher(Generic[T, R]):
             return []
         deadline = time.monotonic() + timeout_s
         pendings = self._enqueue(items)
+        poll_s = _POLL_S if is_active is not None else float("inf")  # nobody to ask: wait to the deadline
         for pending in pendings:
-            while not pending.done.wait(min(max(0.0, deadline - time.monotonic()), _POLL_S)):
+            while not pending.done.wait(min(max(0.0, deadline - time.monotonic()), poll_s)):
                 if time.monotonic() >= deadline:
                     self._withdraw(pendings)
                     raise TimeoutError(f"batched item not done after {timeout_s:.3f} s")
