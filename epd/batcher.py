@@ -162,7 +162,7 @@ class MicroBatcher(Generic[T, R]):
                     self._withdraw(pendings)
                     raise TimeoutError(f"batched item not done after {timeout_s:.3f} s")
                 if is_active is not None and not is_active():
-                    from epd.rpc_errors import Cancelled
+                    from epd.rpc_errors import Cancelled  # here: batching alone needs no gRPC import
 
                     self._withdraw(pendings)
                     raise Cancelled("the caller went away while its items waited for a batch")

@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 _PROFILED_STEPS = 5
-# Tokens each sequence may make beyond the measured steps: two warm-up steps, then the profiled ones.
+# Tokens each sequence may make beyond the measured steps: up to 8 while warming up, then the profiled
+# steps (the hooked ones and one under torch's profiler).
 _SPARE_TOKENS = 8 + _PROFILED_STEPS + 1
 
 
