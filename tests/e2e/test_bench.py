@@ -8,6 +8,7 @@ baseline on a tiny generated checkpoint beside it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -135,7 +136,7 @@ def test_decode_profile_names_the_parts_of_a_real_step(family, tmp_path, capsys)
     out = capsys.readouterr().out
     assert code == 0
     parts = out.split("by part, summed over layers")[1].split("one step by operator:")[0].splitlines()[1:]
-    rows = {line[:54].strip(): float(line[54:].split("ms")[0]) for line in parts if line.strip()}
+    rows = {m[1]: float(m[2]) for m in (re.match(r"\s+(.+?)\s+([\d.]+) ms", line) for line in parts) if m}
     # The two parts every MoE decode step has, and the step's own work around the model.
     assert rows["layer.self_attn"] > 0 and rows["layer.mlp.experts"] > 0
     assert rows["layer.self_attn.(KV cache: write, gather)"] > 0  # the cache's update, timed apart
