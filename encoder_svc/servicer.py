@@ -25,8 +25,8 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServicer):
         timeout_s = remaining_s(request.deadline_ms, context.time_remaining(), self.service.config.encode_timeout_s)
         images = [ImageRequest(im.data, im.image_digest) for im in request.images]
         leased = self.service.encode(images, timeout_s, context.is_active)
-        handle_ids = [e.handle.handle_id for e in leased]  # if the router has left, nobody will pull them
-        release_if_undelivered(context, lambda: [self.service.sender.release(h) for h in handle_ids])
+        # If the router has left (now or as the reply goes), nobody will pull them.
+        release_if_undelivered(context, self.service.sender, [e.handle.handle_id for e in leased])
         return encoder_pb2.EncodeResponse(embeddings=[to_pb(e) for e in leased])
 
 

@@ -30,8 +30,7 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
                                       sampling_from_pb(request.sampling), tuple(request.sampling.stop_token_ids),
                                       timeout_s, context.is_active)
         if result.kv_handle is not None:  # if the router has left (now or as the reply goes), nobody will pull it
-            handle_id = result.kv_handle.handle_id
-            release_if_undelivered(context, lambda: self.service.sender.release(handle_id))
+            release_if_undelivered(context, self.service.sender, [result.kv_handle.handle_id])
         return to_pb(request.request_id, result)
 
 

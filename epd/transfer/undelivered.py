@@ -17,9 +17,13 @@ makes `call_cancelled` answer False (the TTL frees the leases, as before this mo
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import grpc
+
+if TYPE_CHECKING:
+    from epd.transfer.sender import TransferSender
 
 log = logging.getLogger(__name__)
 
@@ -31,17 +35,21 @@ def call_cancelled(context: grpc.ServicerContext) -> bool:
     return getattr(getattr(context, "_state", None), "client", None) == _CANCELLED
 
 
-def release_if_undelivered(context: grpc.ServicerContext, release: Callable[[], object]) -> None:
-    """Call `release()` once the call has ended, if it ended cancelled (its reply never arrived).
+def release_if_undelivered(context: grpc.ServicerContext, sender: TransferSender, handle_ids: Iterable[str]) -> None:
+    """Release `handle_ids` on `sender` once the call has ended, if it ended cancelled (its reply never
+    arrived).
 
-    Register before returning a reply that holds leases. If the call has already ended (the caller
-    left during the handler), the check runs now, on this thread; else on gRPC's, when it ends.
+    Register before returning a reply that holds the handles. If the call has already ended (the
+    caller left during the handler), the check runs now, on this thread; else on gRPC's, when it ends.
     """
+    handle_ids = list(handle_ids)
+
     def ended() -> None:
         if not call_cancelled(context):
             return
         try:
-            release()
+            for handle_id in handle_ids:
+                sender.release(handle_id)
         except Exception:  # on gRPC's thread: log, never raise into the server
             log.exception("releasing the leases of an undelivered reply failed; their TTL will free them")
 
