@@ -127,3 +127,41 @@ def test_a_caller_gone_by_the_end_of_its_encode_gets_no_lease_but_the_cache_keep
     [again] = service.encode([ImageRequest(data)], timeout_s=5)  # a later caller: a cache hit
     assert service.encoder.images_encoded == 1 and service.sender.published == 1
     assert service.store.pin_count(again.key) == 1  # the new lease's; the cancelled call kept none
+
+
+def test_a_caller_gone_while_its_image_waits_for_a_batch_is_never_encoded(tmp_path):
+    import threading
+    import time
+
+    class _HeldTower(_Tower):
+        def __init__(self, model_dir: str) -> None:
+            super().__init__(model_dir)
+            self.entered, self.gate = threading.Event(), threading.Event()
+
+        def encode(self, images):
+            self.entered.set()
+            assert self.gate.wait(10)
+            return super().encode(images)
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14}))
+    tower = _HeldTower(str(tmp_path))
+    svc = EncoderService(tower, _Sender(), EncoderConfig(model_dir=str(tmp_path), batch_wait_ms=0))
+    try:
+        first = threading.Thread(target=svc.encode, args=([ImageRequest(png(16))], 10))
+        first.start()
+        assert tower.entered.wait(10)  # the tower is busy with the first image
+        wanted = threading.Event()
+        wanted.set()
+        threading.Timer(0.3, wanted.clear).start()  # the second caller leaves while its image is queued
+        started = time.monotonic()
+        with pytest.raises(Cancelled):
+            svc.encode([ImageRequest(png(24))], timeout_s=10, is_active=wanted.is_set)
+        assert time.monotonic() - started < 5  # at the next look, not at the 10 s timeout
+        assert svc.batcher.queue_depth == 0
+        tower.gate.set()
+        first.join(10)
+        assert tower.images_encoded == 1 and svc.sender.published == 1  # the queued image never reached it
+    finally:
+        tower.gate.set()
+        svc.close()
