@@ -1,0 +1,96 @@
+"""Build and load the C++ kernels in this folder, once per process, cached per machine.
+
+torch has no paged decode attention on a CPU: its path gathers every context into a padded copy
+and multiplies that (`attention.decode_attention`). `paged_decode.cpp` reads the block pool in
+place. It is built with torch's own extension builder (ninja + the system C++ compiler, as
+inductor builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the
+machine needs it (about 5 s), into a folder keyed by torch's version and the CPU's feature flags,
+so a second worker, or the next start, loads it in well under a second. A machine without a
+compiler falls back to the torch path (`--decode-attention auto`) or refuses to start
+(`--decode-attention native`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_decode.cpp")
+CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    ok: bool
+    detail: str  # where it was loaded from and how long it took, or why it could not be built
+
+
+_lock = threading.Lock()
+_result: BuildResult | None = None
+
+
+def cache_dir() -> Path:
+    """$EPD_KERNEL_CACHE, else ~/.cache/epd/kernels/<torch version>-<CPU digest>: -march=native code
+    runs only on CPUs with the build machine's features, so a home folder shared by several
+    machines keeps one build per kind of CPU."""
+    if os.environ.get("EPD_KERNEL_CACHE"):
+        return Path(os.environ["EPD_KERNEL_CACHE"])
+    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "epd" / "kernels"
+    return root / f"torch-{torch.__version__.replace('+', '_')}-{cpu_digest()}"
+
+
+def cpu_digest() -> str:
+    """A short digest of the CPU's architecture and feature flags (what -march=native compiles for)."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return hashlib.sha256(f"{platform.machine()}|{flags}".encode()).hexdigest()[:12]
+
+
+def load_paged_decode() -> BuildResult:
+    """Build (first time on this machine) and load `torch.ops.epd.paged_decode`; memoised per process."""
+    global _result
+    with _lock:
+        if _result is None:
+            _result = build(SOURCE, cache_dir(), "epd_kernels")
+            (log.info if _result.ok else log.warning)("native paged decode attention: %s", _result.detail)
+        return _result
+
+
+def build(source: Path, directory: Path, name: str) -> BuildResult:
+    """Compile `source` into `directory` (torch rebuilds when the source or flags change) and load it."""
+    # Importing the builder on a CPU-only machine logs "No CUDA runtime is found" at WARNING: not
+    # news to a CPU worker, so that one import runs with the builder's logger quietened.
+    quiet = logging.getLogger("torch.utils.cpp_extension")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        from torch.utils.cpp_extension import load
+    finally:
+        quiet.setLevel(level)
+    started = time.perf_counter()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        load(name, sources=[str(source)], extra_cflags=CFLAGS, is_python_module=False,
+             build_directory=str(directory), verbose=False)
+    except Exception as exc:  # a missing compiler or ninja, a read-only cache: fall back, saying why
+        lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        # The compiler's own "file:line: error: ..." says most; else torch's summary, else the first line.
+        found = [line for line in lines if ": error" in line] or [line for line in lines if "error" in line.lower()]
+        return BuildResult(False, f"could not build {source.name} in {directory}: {(found or lines)[0].strip()[:300]}")
+    return BuildResult(True, f"loaded from {directory} in {time.perf_counter() - started:.1f} s")

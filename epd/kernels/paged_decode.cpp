@@ -1,0 +1,227 @@
+// Paged decode attention on CPU: one query token per sequence against its context, read from the
+// block pool in place (no gather of every context into a padded copy first, as the torch path does).
+//
+// Registered as torch.ops.epd.paged_decode (TORCH_LIBRARY, so no pybind11: a faster build).
+//   query   [n, Hq, Da + Db]   float32 or bfloat16, contiguous
+//   key_a   [Hk, S, Da]        the pool of the cached keys (MLA: the latent)
+//   key_b   [Hk, S, Db] or None  a second key pool whose columns follow key_a's (MLA: the roped key)
+//   value   [Hk, S, Dv]        (MLA: the latent pool again)
+//   slots   [n, L] int64       pool slot of each context token, row i valid up to lengths[i]
+//   lengths [n] int64          context length of each sequence (1..L)
+//   -> out  [n, Hq, Dv]        query's dtype
+// Query head h attends with key head h / (Hq / Hk). Scores, softmax and the weighted sum are
+// accumulated in float32 whatever the storage dtype.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+// 16 floats: GCC/Clang vector extensions, lowered to whatever SIMD the build's -march has (one AVX-512
+// register, two AVX2 ones, four NEON ones), so the kernel needs no per-ISA intrinsics.
+constexpr int64_t kLanes = 16;
+constexpr int64_t kHeadsInRegisters = 8;  // query heads of a group whose sums stay in registers
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+inline Vec load(const float* src) {
+  Vec v;
+  std::memcpy(&v, src, sizeof(v));
+  return v;
+}
+inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: widen by a shift
+  Half h;
+  std::memcpy(&h, src, sizeof(h));
+  const Wide bits = __builtin_convertvector(h, Wide) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+// Lanes [c * kLanes, c * kLanes + kLanes) of a row of `width` elements, zeros past its end.
+template <typename T>
+inline Vec load_chunk(const T* row, int64_t c, int64_t width) {
+  const int64_t start = c * kLanes, count = std::min(kLanes, width - start);
+  if (count == kLanes) return load(row + start);
+  T tail[kLanes] = {};
+  std::memcpy(tail, row + start, count * sizeof(T));
+  return load(tail);
+}
+inline int64_t chunks(int64_t width) { return (width + kLanes - 1) / kLanes; }
+
+typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
+inline float sum(Vec v) {  // halving tree: 4 shuffle + add steps, not 16 lane extractions
+  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+
+// e^x for x <= 0 (scores minus their max), a polynomial the compiler vectorizes (std::exp is a call
+// per element): 2^(x log2 e) split into 2^k * 2^f, f in [-0.5, 0.5]; relative error ~2e-7.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.f);  // below this e^x is under float's smallest normal: 0 after the softmax's sum
+  const float y = x * 1.44269504f;
+  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
+  const float f = y - k;
+  float p = 1.5353362e-4f;
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6184817e-3f;
+  p = p * f + 5.5503340e-2f;
+  p = p * f + 2.4022652e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+struct Shapes {
+  int64_t n, q_heads, kv_heads, length, dim_a, dim_b, dim_v;
+  float scale;
+};
+
+// Every query head of one (sequence, key head) pair: reads each context row of keys and values once.
+// Widths in vectors (the last one of each part zero-padded): A of Da, B of Db, V of Dv.
+template <typename T>
+void attend_group(const T* query, const T* key_a, const T* key_b, const T* value, const int64_t* slots,
+                  int64_t len, int64_t head, const Shapes& s, T* out, std::vector<Vec>& vecs,
+                  std::vector<float>& scores) {
+  const int64_t group = s.q_heads / s.kv_heads, dim_q = s.dim_a + s.dim_b;
+  const int64_t A = chunks(s.dim_a), B = chunks(s.dim_b), V = chunks(s.dim_v);
+  vecs.resize(group * (A + B + V) + A + B);
+  scores.resize(group * len);
+  Vec* q = vecs.data();             // [G, A + B] scaled queries, zero past each part's width
+  Vec* acc = q + group * (A + B);   // [G, V] weighted sums of values
+  Vec* row = acc + group * V;       // [A + B] one context row's keys, widened
+  for (int64_t g = 0; g < group; ++g) {
+    const T* qg = query + (head * group + g) * dim_q;
+    for (int64_t c = 0; c < A; ++c) q[g * (A + B) + c] = load_chunk(qg, c, s.dim_a) * s.scale;
+    for (int64_t c = 0; c < B; ++c) q[g * (A + B) + A + c] = load_chunk(qg + s.dim_a, c, s.dim_b) * s.scale;
+  }
+  for (int64_t t = 0; t < len; ++t) {
+    const T* ka = key_a + slots[t] * s.dim_a;
+    const T* kb = key_b + slots[t] * s.dim_b;
+    for (int64_t c = 0; c < A; ++c) row[c] = load_chunk(ka, c, s.dim_a);  // widened once, used by every head
+    for (int64_t c = 0; c < B; ++c) row[A + c] = load_chunk(kb, c, s.dim_b);
+    for (int64_t g = 0; g < group; ++g) {
+      const Vec* qg = q + g * (A + B);
+      Vec dot = qg[0] * row[0];
+      for (int64_t c = 1; c < A + B; ++c) dot += qg[c] * row[c];
+      scores[g * len + t] = sum(dot);
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    float* sc = scores.data() + g * len;
+    const float top = *std::max_element(sc, sc + len);
+    float total = 0.f;
+    for (int64_t t = 0; t < len; ++t) sc[t] = exp_nonpositive(sc[t] - top);
+    for (int64_t t = 0; t < len; ++t) total += sc[t];
+    const float inv = 1.f / total;
+    for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
+  }
+  // Weighted sum of values, one kLanes-wide column strip at a time with up to kHeadsInRegisters
+  // heads' sums held in registers across the whole context (not loaded and stored at every row).
+  for (int64_t c = 0; c < V; ++c) {
+    for (int64_t g0 = 0; g0 < group; g0 += kHeadsInRegisters) {
+      const int64_t heads = std::min(kHeadsInRegisters, group - g0);
+      Vec sums[kHeadsInRegisters] = {};
+      for (int64_t t = 0; t < len; ++t) {
+        const Vec strip = load_chunk(value + slots[t] * s.dim_v, c, s.dim_v);
+        for (int64_t g = 0; g < heads; ++g) sums[g] += scores[(g0 + g) * len + t] * strip;
+      }
+      for (int64_t g = 0; g < heads; ++g) acc[(g0 + g) * V + c] = sums[g];
+    }
+  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t d = 0; d < s.dim_v; ++d)
+      out[(head * group + g) * s.dim_v + d] = static_cast<T>(acc[g * V + d / kLanes][d % kLanes]);
+}
+
+template <typename T>
+void run(const at::Tensor& query, const at::Tensor& key_a, const at::Tensor* key_b, const at::Tensor& value,
+         const at::Tensor& slots, const at::Tensor& lengths, const Shapes& s, at::Tensor& out) {
+  const T* q = query.data_ptr<T>();
+  const T* ka = key_a.data_ptr<T>();
+  const T* kb = key_b ? key_b->data_ptr<T>() : nullptr;
+  const T* v = value.data_ptr<T>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t* lens = lengths.data_ptr<int64_t>();
+  T* o = out.data_ptr<T>();
+  const int64_t slots_per_head = key_a.size(1), dim_q = s.dim_a + s.dim_b;
+  at::parallel_for(0, s.n * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<Vec> vecs;
+    std::vector<float> scores;
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t i = job / s.kv_heads, h = job % s.kv_heads;
+      attend_group<T>(q + i * s.q_heads * dim_q, ka + h * slots_per_head * s.dim_a,
+                      kb ? kb + h * slots_per_head * s.dim_b : nullptr, v + h * slots_per_head * s.dim_v,
+                      sl + i * s.length, lens[i], h, s, o + i * s.q_heads * s.dim_v, vecs, scores);
+    }
+  });
+}
+
+void check_pool(const at::Tensor& pool, const at::Tensor& query, int64_t kv_heads, int64_t slots, const char* name) {
+  TORCH_CHECK(pool.dim() == 3 && pool.is_contiguous(), name, " must be a contiguous [Hk, S, D] pool");
+  TORCH_CHECK(pool.size(0) == kv_heads && pool.size(1) == slots, name, " has shape ", pool.sizes(),
+              "; expected [", kv_heads, ", ", slots, ", D]");
+  TORCH_CHECK(pool.scalar_type() == query.scalar_type(), name, " is ", pool.scalar_type(), ", query ",
+              query.scalar_type());
+  TORCH_CHECK(pool.device().is_cpu(), name, " must be on the CPU");
+}
+
+at::Tensor paged_decode(const at::Tensor& query, const at::Tensor& key_a, const std::optional<at::Tensor>& key_b,
+                        const at::Tensor& value, const at::Tensor& slots, const at::Tensor& lengths, double scale) {
+  TORCH_CHECK(query.dim() == 3 && query.is_contiguous() && query.device().is_cpu(),
+              "query must be a contiguous [n, Hq, D] CPU tensor");
+  TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kBFloat16,
+              "paged_decode supports float32 and bfloat16, not ", query.scalar_type());
+  const int64_t kv_heads = key_a.size(0), pool_slots = key_a.size(1);
+  check_pool(key_a, query, kv_heads, pool_slots, "key_a");
+  if (key_b) check_pool(*key_b, query, kv_heads, pool_slots, "key_b");
+  check_pool(value, query, kv_heads, pool_slots, "value");
+  Shapes s{query.size(0), query.size(1), kv_heads, slots.size(1), key_a.size(2), key_b ? key_b->size(2) : 0,
+           value.size(2), static_cast<float>(scale)};
+  TORCH_CHECK(s.q_heads % kv_heads == 0, "query heads ", s.q_heads, " are not a multiple of key heads ", kv_heads);
+  TORCH_CHECK(s.dim_a > 0 && s.dim_v > 0, "key_a and value need a width");
+  TORCH_CHECK(query.size(2) == s.dim_a + s.dim_b, "query width ", query.size(2), " != key widths ", s.dim_a, " + ",
+              s.dim_b);
+  TORCH_CHECK(slots.dim() == 2 && slots.size(0) == s.n && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "slots must be a contiguous int64 [n, L]");
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == s.n && lengths.scalar_type() == at::kLong &&
+              lengths.is_contiguous(), "lengths must be a contiguous int64 [n]");
+  const int64_t* lens = lengths.data_ptr<int64_t>();
+  for (int64_t i = 0; i < s.n; ++i)
+    TORCH_CHECK(lens[i] >= 1 && lens[i] <= s.length, "lengths[", i, "] = ", lens[i], " is outside 1..", s.length);
+  // A slot past the pool would read outside it: check them all (n * L compares, cheap beside the attention).
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < s.n * s.length; ++i)
+    TORCH_CHECK(sl[i] >= 0 && sl[i] < pool_slots, "slot ", sl[i], " is outside the pool of ", pool_slots);
+  at::Tensor out = at::empty({s.n, s.q_heads, s.dim_v}, query.options());
+  const at::Tensor* kb = key_b ? &*key_b : nullptr;
+  if (query.scalar_type() == at::kBFloat16)
+    run<c10::BFloat16>(query, key_a, kb, value, slots, lengths, s, out);
+  else
+    run<float>(query, key_a, kb, value, slots, lengths, s, out);
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(epd, m) {
+  m.def("paged_decode(Tensor query, Tensor key_a, Tensor? key_b, Tensor value, Tensor slots, Tensor lengths, "
+        "float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(epd, CPU, m) { m.impl("paged_decode", paged_decode); }

@@ -1,0 +1,42 @@
+"""Building the native kernels: where they are cached, and what a failed build reports (the worker
+then falls back to torch or refuses to start, epd.engine.decode_backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from epd.kernels import native
+
+
+def test_the_cache_is_keyed_by_torch_and_the_cpu(monkeypatch, tmp_path):
+    monkeypatch.delenv("EPD_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = native.cache_dir()
+    assert path.parent == tmp_path / "epd" / "kernels"
+    assert path.name.startswith("torch-") and path.name.endswith(native.cpu_digest())
+    assert native.cpu_digest() == native.cpu_digest() and len(native.cpu_digest()) == 12
+
+
+def test_the_cache_folder_can_be_chosen(monkeypatch, tmp_path):
+    monkeypatch.setenv("EPD_KERNEL_CACHE", str(tmp_path / "k"))
+    assert native.cache_dir() == tmp_path / "k"
+
+
+def test_a_source_that_does_not_compile_is_reported_not_raised(tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text("int main( {\n")
+    result = native.build(source, tmp_path / "build", "epd_broken_test")
+    assert not result.ok
+    assert result.detail.startswith(f"could not build broken.cpp in {tmp_path / 'build'}: ")
+    assert "broken.cpp:1:" in result.detail and "error" in result.detail  # the compiler's own line
+
+
+def test_a_cache_folder_that_cannot_be_made_is_reported(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = native.build(native.SOURCE, blocker / "sub", "epd_blocked_test")
+    assert not result.ok and "could not build paged_decode.cpp" in result.detail
+
+
+def test_the_source_ships_with_the_package():
+    assert native.SOURCE.is_file() and native.SOURCE.parent == Path(native.__file__).parent
