@@ -13,10 +13,14 @@ Key and value head dims may differ (DeepSeek-V3 MLA expands [nope | rope] keys, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+if TYPE_CHECKING:
+    from epd.engine.paged_cache import PagedKVCache
 
 ATTENTION_NAME = "epd_paged"
 
@@ -40,6 +44,11 @@ class StepLayout:
     decode_kv_len: int  # their padded context length
     decode_mask: torch.Tensor | None  # [num_decodes, 1, decode_kv_len] bool: True = attend
     prefills: tuple[PrefillSegment, ...]
+    decode_slots: torch.Tensor | None = None  # [num_decodes, decode_kv_len] long: context slots, 0 past the end
+    decode_lengths: torch.Tensor | None = None  # [num_decodes] long: each decode's context length
+    # Set when the decodes read this pool in place (the native kernel, epd.engine.decode_backend):
+    # then kv_index holds only the prefills' contexts, and their kv_start count from 0.
+    pool: PagedKVCache | None = None
 
     def to(self, device: torch.device) -> StepLayout:
         """The same layout with every tensor on `device` (itself when they are there already, as on CPU)."""
@@ -51,7 +60,8 @@ class StepLayout:
 
         segments = tuple(PrefillSegment(s.q_start, s.q_len, s.kv_start, s.kv_len, move(s.mask)) for s in self.prefills)
         return StepLayout(move(self.slot_mapping), move(self.kv_index), self.num_decodes, self.decode_kv_len,
-                          move(self.decode_mask), segments)
+                          move(self.decode_mask), segments, move(self.decode_slots), move(self.decode_lengths),
+                          self.pool)
 
 
 def causal_chunk_mask(q_len: int, kv_len: int) -> torch.Tensor:
@@ -71,7 +81,11 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
     gqa = heads != key.shape[1]
     out = query.new_empty(tokens, heads, value.shape[-1])  # [T, Hq, Dv]
     n = layout.num_decodes
-    if n:
+    if n and layout.pool is not None:
+        layer = module.layer_idx
+        out[:n] = pool_decode_attention(query[0, :, :n], layout.pool.keys[layer], None, layout.pool.values[layer],
+                                        layout, scaling)
+    elif n:
         out[:n] = decode_attention(query[0, :, :n], key[0, :, :n * layout.decode_kv_len],
                                    value[0, :, :n * layout.decode_kv_len], layout, scaling)
     for seg in layout.prefills:
@@ -121,6 +135,16 @@ def decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
     out = torch.matmul(probs, v)  # [Hk, n, G, Dv]
     return out.permute(1, 0, 2, 3).reshape(n, heads, v.shape[-1])  # [n, Hq, Dv]
+
+
+def pool_decode_attention(query: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor | None, value: torch.Tensor,
+                          layout: StepLayout, scaling: float | None) -> torch.Tensor:
+    """decode_attention read from the pool in place by the native kernel (epd/kernels/paged_decode.cpp):
+    query [Hq, n, Da + Db]; key_a [Hk, slots, Da], key_b [Hk, slots, Db] or None (its columns follow
+    key_a's), value [Hk, slots, Dv]: one layer's pools -> [n, Hq, Dv]."""
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return torch.ops.epd.paged_decode(query.transpose(0, 1).contiguous(), key_a, key_b, value,
+                                      layout.decode_slots, layout.decode_lengths, scale)
 
 
 def register() -> str:

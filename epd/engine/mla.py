@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from epd.engine.attention import StepLayout, decode_attention, prefill_attention
+from epd.engine.attention import StepLayout, decode_attention, pool_decode_attention, prefill_attention
 from epd.models.rerouting import reroute
 
 
@@ -60,8 +60,9 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
     out = hidden_states.new_empty(length, heads, v_dim)  # [T, H, Dv]
     n = layout.num_decodes
     if n:
-        out[:n] = _absorbed_decodes(self, q_nope[0, :, :n], q_rot[0, :, :n], latent[0, :, :n * layout.decode_kv_len],
-                                    k_rot[0, :, :n * layout.decode_kv_len], layout)
+        gathered = layout.decode_kv_len * n
+        past = None if layout.pool is not None else (latent[0, :, :gathered], k_rot[0, :, :gathered])
+        out[:n] = _absorbed_decodes(self, q_nope[0, :, :n], q_rot[0, :, :n], past, layout)
     for seg in layout.prefills:
         kv = slice(seg.kv_start, seg.kv_start + seg.kv_len)
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
@@ -70,13 +71,20 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
     return self.o_proj(out.reshape(batch, length, heads * v_dim)), None
 
 
-def _absorbed_decodes(self, q_nope, q_rot, latent, k_rot, layout: StepLayout) -> torch.Tensor:
-    """q_nope [H, n, Dn], q_rot [H, n, Dr], latent [1, n*L, R], k_rot [1, n*L, Dr] -> [n, H, Dv]."""
+def _absorbed_decodes(self, q_nope, q_rot, past: tuple[torch.Tensor, torch.Tensor] | None,
+                      layout: StepLayout) -> torch.Tensor:
+    """q_nope [H, n, Dn], q_rot [H, n, Dr], past: the gathered (latent [1, n*L, R], k_rot [1, n*L, Dr]),
+    or None when the native kernel reads them from the pool in place -> [n, H, Dv]."""
     heads, nope, v_dim = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
     weight = self.kv_b_proj.weight.view(heads, nope + v_dim, self.kv_lora_rank)  # per head: [W_uk; W_uv]
     query = torch.cat([torch.matmul(q_nope, weight[:, :nope]), q_rot], dim=-1)  # [H, n, R + Dr]
-    key = torch.cat([latent, k_rot], dim=-1)  # [1, n*L, R + Dr]
-    mixed = decode_attention(query, key, latent, layout, self.scaling)  # [n, H, R]
+    if past is None:  # the native kernel reads [latent | k_rot] from the pools in place
+        pooled_latent, pooled_rot = layout.pool.keys[self.layer_idx], layout.pool.values[self.layer_idx]
+        mixed = pool_decode_attention(query, pooled_latent, pooled_rot, pooled_latent, layout, self.scaling)
+    else:
+        latent, k_rot = past
+        key = torch.cat([latent, k_rot], dim=-1)  # [1, n*L, R + Dr]
+        mixed = decode_attention(query, key, latent, layout, self.scaling)  # [n, H, R]
     return torch.matmul(mixed.transpose(0, 1), weight[:, nope:].transpose(1, 2)).transpose(0, 1)  # [n, H, Dv]
 
 

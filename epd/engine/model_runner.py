@@ -86,11 +86,12 @@ def decode_length_step(dtype: torch.dtype, device: torch.device) -> int:
 
 
 class ModelRunner:
-    def __init__(self, language: LanguageModel, cache: PagedKVCache) -> None:
+    def __init__(self, language: LanguageModel, cache: PagedKVCache, decode_in_place: bool = False) -> None:
         self.language = language
         self.model = language.model
         self.cache = cache
         self.block_size = cache.block_size
+        self.decode_in_place = decode_in_place  # decodes read the pool with the native kernel (no gather)
         self.decode_length_step = decode_length_step(cache.keys[0].dtype, cache.device)
 
     @torch.inference_mode()
@@ -156,22 +157,26 @@ class ModelRunner:
         length = round_up(max(batch.decode_lengths, default=0), self.decode_length_step)
         slots: list[torch.Tensor] = []
         kv: list[torch.Tensor] = []
-        mask = None
+        contexts = mask = lengths = None
         if n:
             contexts, mask = decode_contexts(batch.decode_tables, batch.decode_lengths, self.block_size, length)
-            last = torch.tensor(batch.decode_lengths) - 1  # [n] each new token's place in its context
-            slots.append(contexts[torch.arange(n), last])  # where the new tokens are written
-            kv.append(contexts.reshape(-1))  # mask: [n, 1(G), L]
+            lengths = torch.tensor(batch.decode_lengths)  # [n]
+            slots.append(contexts[torch.arange(n), lengths - 1])  # where the new tokens are written
+            if not self.decode_in_place:
+                kv.append(contexts.reshape(-1))  # mask: [n, 1(G), L]
+        in_place = self.decode_in_place and n > 0
         segments = []
-        q_start, kv_start = n, n * length
+        q_start, kv_start = n, 0 if in_place else n * length
         for item, context in zip(items[n:], batch.contexts, strict=True):
             q_len, kv_len = item.num_new_tokens, len(context)
             chunk_mask = None if q_len == kv_len else causal_chunk_mask(q_len, kv_len)
             segments.append(PrefillSegment(q_start, q_len, kv_start, kv_len, chunk_mask))
             kv.append(context)
             q_start, kv_start = q_start + q_len, kv_start + kv_len
-        return StepLayout(slot_mapping=torch.cat(slots + batch.slots), kv_index=torch.cat(kv), num_decodes=n,
-                          decode_kv_len=length, decode_mask=mask, prefills=tuple(segments))
+        return StepLayout(slot_mapping=torch.cat(slots + batch.slots),
+                          kv_index=torch.cat(kv) if kv else torch.empty(0, dtype=torch.long), num_decodes=n,
+                          decode_kv_len=length, decode_mask=mask, prefills=tuple(segments), decode_slots=contexts,
+                          decode_lengths=lengths, pool=self.cache if in_place else None)
 
 
 def sample_rows(logits: torch.Tensor, samplers: list[tuple[Sequence, Sampler]]) -> dict[int, int]:

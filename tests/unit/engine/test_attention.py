@@ -51,3 +51,40 @@ def test_values_narrower_than_keys_still_take_the_flash_kernel():
     kernels = {event.key for event in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels
     assert "aten::_scaled_dot_product_attention_math" not in kernels
+
+
+def test_decodes_read_in_place_equal_decodes_read_from_a_gather():
+    """One step (three decodes, then a prefill chunk with a past) through the cache and the attention
+    twice: every context gathered (torch path), and the decodes read from the pool by the native kernel
+    (kv_index then holds only the prefill's context, which starts at 0)."""
+    from types import SimpleNamespace
+
+    from epd.engine.attention import PrefillSegment, StepLayout, paged_attention
+    from epd.engine.model_runner import decode_contexts
+    from epd.engine.paged_cache import LayerShape, PagedKVCache
+    from epd.kernels.native import load_paged_decode
+
+    assert load_paged_decode().ok
+    torch.manual_seed(2)
+    cache = PagedKVCache([LayerShape(heads=2, key_dim=16, value_dim=16)], num_blocks=10, block_size=4)
+    cache.keys[0][:, 4:].normal_()
+    cache.values[0][:, 4:].normal_()
+    lengths = [10, 3, 6]
+    contexts, mask = decode_contexts([[1, 2, 3], [4], [5, 6]], lengths, 4, 10)  # [3, 10], [3, 1, 10]
+    prefill_context = torch.arange(28, 35)  # blocks 7, 8: a past of 3 tokens and a chunk of 4
+    new_slots = torch.cat([contexts[torch.arange(3), torch.tensor(lengths) - 1], prefill_context[3:]])  # [7]
+    query, new_keys, new_values = torch.randn(1, 4, 7, 16), torch.randn(1, 2, 7, 16), torch.randn(1, 2, 7, 16)
+    chunk_mask = causal_chunk_mask(4, 7)
+    layouts = {
+        "gathered": StepLayout(new_slots, torch.cat([contexts.reshape(-1), prefill_context]), 3, 10, mask,
+                               (PrefillSegment(3, 4, 30, 7, chunk_mask),)),
+        "in place": StepLayout(new_slots, prefill_context, 3, 10, mask, (PrefillSegment(3, 4, 0, 7, chunk_mask),),
+                               decode_slots=contexts, decode_lengths=torch.tensor(lengths), pool=cache),
+    }
+    out = {}
+    for name, layout in layouts.items():
+        keys, values = cache.update(new_keys, new_values, 0, {"epd_layout": layout})
+        assert keys.shape[2] == (37 if name == "gathered" else 7)
+        out[name], _ = paged_attention(SimpleNamespace(layer_idx=0), query, keys, values, None, epd_layout=layout)
+    assert out["in place"].shape == (1, 7, 4, 16)
+    torch.testing.assert_close(out["in place"], out["gathered"], atol=1e-5, rtol=1e-5)
