@@ -112,7 +112,7 @@ void attend_group(const T* query, const T* key_a, const T* key_b, const T* value
   }
   for (int64_t t = 0; t < len; ++t) {
     const T* ka = key_a + slots[t] * s.dim_a;
-    const T* kb = key_b + slots[t] * s.dim_b;
+    const T* kb = B ? key_b + slots[t] * s.dim_b : nullptr;
     for (int64_t c = 0; c < A; ++c) row[c] = load_chunk(ka, c, s.dim_a);  // widened once, used by every head
     for (int64_t c = 0; c < B; ++c) row[A + c] = load_chunk(kb, c, s.dim_b);
     for (int64_t g = 0; g < group; ++g) {
