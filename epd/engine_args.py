@@ -46,11 +46,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-policy", choices=("decode_first", "fcfs"),
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
-    g.add_argument("--decode-attention", choices=("auto", "native", "torch"),
-                   default=env_default("decode_attention", "auto"),
-                   help="decode attention on a CPU: native (a C++ kernel reading the KV pool in place, built "
-                        "on first start, about 5 s), torch (gather + matmuls), or auto (native where it "
-                        "builds, else torch; default)")
+    g.add_argument("--kernels", choices=("auto", "native", "torch"), default=env_default("kernels", "auto"),
+                   help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place "
+                        "and a fused RMSNorm, built on a first start, about 10 s), torch (torch's operators), "
+                        "or auto (native where they build, else torch; default)")
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
                    help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "
@@ -83,4 +82,4 @@ def engine_config(args: argparse.Namespace):
         raise ValueError(f"--kv-blocks must be >= 0 and --kv-cache-mb >= 1, got {args.kv_blocks}, {args.kv_cache_mb}")
     return EngineConfig(block_size=args.block_size, kv_cache_bytes=args.kv_cache_mb << 20,
                         num_blocks=args.kv_blocks or None, enable_prefix_cache=not args.no_prefix_cache,
-                        decode_attention=args.decode_attention, scheduler=scheduler)
+                        kernels=args.kernels, scheduler=scheduler)

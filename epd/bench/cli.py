@@ -56,8 +56,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     decode.add_argument("--dtype", choices=DTYPES, default="auto")
     decode.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (auto: cuda if available)")
     decode.add_argument("--profile", action="store_true", help="also print where one step's time goes")
-    decode.add_argument("--decode-attention", choices=("auto", "native", "torch"), default="auto",
-                        help="the engine's decode attention (as the workers' flag)")
+    decode.add_argument("--kernels", choices=("auto", "native", "torch"), default="auto",
+                        help="our C++ kernels or torch's operators (as the workers' flag)")
     decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     decode.set_defaults(bench_run=_decode)
 
@@ -113,7 +113,7 @@ def _decode(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.context < 1 or args.steps < 1:
         raise ValueError("--batch, --context and --steps must be >= 1")
     result, table = run_decode_bench(args.model, args.batch, args.context, args.steps, args.dtype, args.profile,
-                                     args.device, decode_attention=args.decode_attention)
+                                     args.device, kernels=args.kernels)
     print(format_decode(result))
     if table:
         print(table)

@@ -115,7 +115,7 @@ def dense_weight_bytes(model: torch.nn.Module) -> int:
 def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int = 20, dtype: str = "auto",
                      profile: bool = False, device: str = "cpu",
                      read_gb_per_s: float | None = None,
-                     decode_attention: str = "auto") -> tuple[DecodeBench, str | None]:
+                     kernels: str = "auto") -> tuple[DecodeBench, str | None]:
     """Prefill `batch` prompts of `context` tokens, then time `steps` decode steps of the whole batch.
 
     `read_gb_per_s`: the device's read bandwidth if the caller measured it already (else measured here)."""
@@ -131,7 +131,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     vocab = int(language.config.get_text_config().vocab_size)
     tokens = batch * (context + steps + _SPARE_TOKENS)
     engine = Engine(language, EngineConfig(kv_cache_bytes=1 << 40, num_blocks=tokens // 16 + batch + 2,
-                                           decode_attention=decode_attention),
+                                           kernels=kernels),
                     eos_token_ids(language.model_dir, language.config), role="bench")
     params = SamplingParams(max_tokens=steps + _SPARE_TOKENS, ignore_eos=True)
     seqs = [engine.new_sequence(f"bench-{i}", [(37 * i + 11 * j) % (vocab - 1) + 1 for j in range(context)],

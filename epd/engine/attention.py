@@ -46,7 +46,7 @@ class StepLayout:
     prefills: tuple[PrefillSegment, ...]
     decode_slots: torch.Tensor | None = None  # [num_decodes, decode_kv_len] long: context slots, 0 past the end
     decode_lengths: torch.Tensor | None = None  # [num_decodes] long: each decode's context length
-    # Set when the decodes read this pool in place (the native kernel, epd.engine.decode_backend):
+    # Set when the decodes read this pool in place (the native kernel, epd.engine.native_kernels):
     # then kv_index holds only the prefills' contexts, and their kv_start count from 0.
     pool: PagedKVCache | None = None
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import torch
 
 from epd import metrics
-from epd.engine import attention, mla
+from epd.engine import attention, fused_norm, mla
 from epd.engine.block_manager import BlockManager
-from epd.engine.decode_backend import MODES as DECODE_ATTENTION_MODES
-from epd.engine.decode_backend import reads_pool_in_place
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
+from epd.engine.native_kernels import MODES as KERNEL_MODES
+from epd.engine.native_kernels import use_native_kernels
 from epd.engine.paged_cache import NamedTensors, PagedKVCache, bytes_per_block, probe_layer_shapes
 from epd.engine.params import SamplingParams
 from epd.engine.positions import PositionPlan
@@ -42,16 +42,15 @@ class EngineConfig:
     num_blocks: int | None = None
     enable_prefix_cache: bool = True
     absorb_latent_attention: bool = True  # MLA families: attention over the cached latents (see mla.py)
-    decode_attention: str = "auto"  # auto | native | torch (epd.engine.decode_backend)
+    kernels: str = "auto"  # auto | native | torch: our C++ kernels or torch's (epd.engine.native_kernels)
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.decode_attention not in DECODE_ATTENTION_MODES:
-            raise ValueError(f"decode_attention must be one of {', '.join(DECODE_ATTENTION_MODES)}, "
-                             f"got {self.decode_attention!r}")
+        if self.kernels not in KERNEL_MODES:
+            raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}, got {self.kernels!r}")
         if self.num_blocks is not None and self.num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2, got {self.num_blocks}")
         if self.num_blocks is None and self.kv_cache_bytes < 1:
@@ -90,8 +89,10 @@ class Engine:
                                   device=next(language.model.parameters()).device)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        in_place = reads_pool_in_place(config.decode_attention, self.cache.device, dtype)  # builds the kernel
-        self.runner = ModelRunner(language, self.cache, decode_in_place=in_place)
+        native = use_native_kernels(config.kernels, self.cache.device, dtype)  # builds them on a first start
+        if native:
+            fused_norm.install(language.model)
+        self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
         self.step_threads: Callable[[int, int], int] | None = None
         self._preemptions_seen = 0

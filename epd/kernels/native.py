@@ -1,13 +1,13 @@
 """Build and load the C++ kernels in this folder, once per process, cached per machine.
 
 torch has no paged decode attention on a CPU: its path gathers every context into a padded copy
-and multiplies that (`attention.decode_attention`). `paged_decode.cpp` reads the block pool in
-place. It is built with torch's own extension builder (ninja + the system C++ compiler, as
-inductor builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the
-machine needs it (about 5 s), into a folder keyed by torch's version and the CPU's feature flags,
-so a second worker, or the next start, loads it in well under a second. A machine without a
-compiler falls back to the torch path (`--decode-attention auto`) or refuses to start
-(`--decode-attention native`).
+and multiplies that (`attention.decode_attention`); `paged_decode.cpp` reads the block pool in
+place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of seven operators.
+They are built with torch's own extension builder (ninja + the system C++ compiler, as inductor
+builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the machine
+needs them (about 10 s), into a folder keyed by torch's version and the CPU's feature flags, so a
+second worker, or the next start, loads them in well under a second. A machine without a
+compiler falls back to torch's operators (`--kernels auto`) or refuses to start (`--kernels native`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.cpp")
+SOURCES = (Path(__file__).with_name("paged_decode.cpp"), Path(__file__).with_name("rms_norm.cpp"))
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 
@@ -62,18 +62,20 @@ def cpu_digest() -> str:
     return hashlib.sha256(f"{platform.machine()}|{flags}".encode()).hexdigest()[:12]
 
 
-def load_paged_decode() -> BuildResult:
-    """Build (first time on this machine) and load `torch.ops.epd.paged_decode`; memoised per process."""
+def load_kernels() -> BuildResult:
+    """Build (first time on this machine) and load `torch.ops.epd.paged_decode` and `.rms_norm`;
+    memoised per process."""
     global _result
     with _lock:
         if _result is None:
-            _result = build(SOURCE, cache_dir(), "epd_kernels")
-            (log.info if _result.ok else log.warning)("native paged decode attention: %s", _result.detail)
+            _result = build(SOURCES, cache_dir(), "epd_kernels")
+            (log.info if _result.ok else log.warning)("native kernels: %s", _result.detail)
         return _result
 
 
-def build(source: Path, directory: Path, name: str) -> BuildResult:
-    """Compile `source` into `directory` (torch rebuilds when the source or flags change) and load it."""
+def build(sources: tuple[Path, ...], directory: Path, name: str) -> BuildResult:
+    """Compile `sources` into one library in `directory` (torch rebuilds when a source or the flags
+    change) and load it."""
     # Importing the builder on a CPU-only machine logs "No CUDA runtime is found" at WARNING: not
     # news to a CPU worker, so that one import runs with the builder's logger quietened.
     quiet = logging.getLogger("torch.utils.cpp_extension")
@@ -86,11 +88,12 @@ def build(source: Path, directory: Path, name: str) -> BuildResult:
     started = time.perf_counter()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        load(name, sources=[str(source)], extra_cflags=CFLAGS, is_python_module=False,
+        load(name, sources=[str(source) for source in sources], extra_cflags=CFLAGS, is_python_module=False,
              build_directory=str(directory), verbose=False)
     except Exception as exc:  # a missing compiler or ninja, a read-only cache: fall back, saying why
         lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
         # The compiler's own "file:line: error: ..." says most; else torch's summary, else the first line.
         found = [line for line in lines if ": error" in line] or [line for line in lines if "error" in line.lower()]
-        return BuildResult(False, f"could not build {source.name} in {directory}: {(found or lines)[0].strip()[:300]}")
+        names = ", ".join(source.name for source in sources)
+        return BuildResult(False, f"could not build {names} in {directory}: {(found or lines)[0].strip()[:300]}")
     return BuildResult(True, f"loaded from {directory} in {time.perf_counter() - started:.1f} s")

@@ -128,19 +128,19 @@ def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, ca
     assert "cluster / hf at most" in out[-3] and "with this engine's decode step" in out[-2]
 
 
-@pytest.mark.parametrize("decode_attention", ["native", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("family", ["kimi_k25", "qwen3_vl_moe"])
-def test_decode_profile_names_the_parts_of_a_real_step(family, decode_attention, tmp_path, capsys):
+def test_decode_profile_names_the_parts_of_a_real_step(family, kernels, tmp_path, capsys):
     model_dir = make_tiny_model(family, "tiny", tmp_path / family, seed=7)
     code = cli.main(["bench", "decode", "--model", str(model_dir), "--batch", "3", "--context", "20", "--steps", "3",
-                     "--profile", "--decode-attention", decode_attention])
+                     "--profile", "--kernels", kernels])
     out = capsys.readouterr().out
     assert code == 0
     parts = out.split("by part, summed over layers")[1].split("one step by operator:")[0].splitlines()[1:]
     rows = {m[1]: float(m[2]) for m in (re.match(r"\s+(.+?)\s+([\d.]+) ms", line) for line in parts) if m}
     # The two parts every MoE decode step has, and the step's own work around the model.
     assert rows["layer.self_attn"] > 0 and rows["layer.mlp.experts"] > 0
-    if decode_attention == "torch":
+    if kernels == "torch":
         assert rows["layer.self_attn.(KV cache: write, gather)"] > 0  # the cache's update, timed apart
         assert "layer.self_attn.(decode attention, in place)" not in rows
     else:  # the kernel, timed apart (the cache's update then only writes: too small to be sure of a line)

@@ -68,12 +68,12 @@ def _run_staggered(pipe: InProcessPipeline, order: list[int], every: int) -> dic
     return {i: s.token_ids[s.num_prompt_tokens:] for i, s in seqs.items()}
 
 
-@pytest.mark.parametrize("decode_attention", ["native", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_mixed_requests_admitted_at_different_steps(family, decode_attention, tiny_dirs):
-    """Both decode attentions: the native kernel reading the pool in place, torch's gather + matmuls."""
-    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, decode_attention=decode_attention)
-    assert pipe.engine.runner.decode_in_place is (decode_attention == "native")
+def test_mixed_requests_admitted_at_different_steps(family, kernels, tiny_dirs):
+    """Both kernel sets: ours (decode attention reading the pool in place, fused RMSNorm), torch's."""
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, kernels=kernels)
+    assert pipe.engine.runner.decode_in_place is (kernels == "native")
     got = _run_staggered(pipe, order=[3, 0, 5, 1, 4, 2], every=3)
     for index, tokens in got.items():
         assert tokens == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
@@ -101,14 +101,14 @@ def test_chunked_prefill_splits_prompts_and_images(family, tiny_dirs):
         assert s.token_ids[s.num_prompt_tokens:] == list(_reference(tiny_dirs[family], index))
 
 
-@pytest.mark.parametrize("decode_attention", ["native", "torch"])
+@pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_preempted_sequences_resume_to_the_same_tokens(family, decode_attention, tiny_dirs):
+def test_preempted_sequences_resume_to_the_same_tokens(family, kernels, tiny_dirs):
     order = [5, 1, 3, 0]
     sizer = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
     needs = [sizer.engine.blocks.blocks_for(_sequence(sizer, i).max_total_tokens) for i in order]
     # Enough blocks for any one request to finish, far from enough for all of them together.
-    pipe = _pipeline(tiny_dirs[family], num_blocks=max(needs) + 3, block_size=4, decode_attention=decode_attention)
+    pipe = _pipeline(tiny_dirs[family], num_blocks=max(needs) + 3, block_size=4, kernels=kernels)
     assert sum(needs) > max(needs) + 2
     counted = REGISTRY.get_sample_value("epd_scheduler_preemptions_total", {"role": "in_process"}) or 0.0
     got = _run_staggered(pipe, order=order, every=1)

@@ -62,9 +62,9 @@ def test_decodes_read_in_place_equal_decodes_read_from_a_gather():
     from epd.engine.attention import PrefillSegment, StepLayout, paged_attention
     from epd.engine.model_runner import decode_contexts
     from epd.engine.paged_cache import LayerShape, PagedKVCache
-    from epd.kernels.native import load_paged_decode
+    from epd.kernels.native import load_kernels
 
-    assert load_paged_decode().ok
+    assert load_kernels().ok
     torch.manual_seed(2)
     cache = PagedKVCache([LayerShape(heads=2, key_dim=16, value_dim=16)], num_blocks=10, block_size=4)
     cache.keys[0][:, 4:].normal_()

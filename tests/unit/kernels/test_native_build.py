@@ -1,5 +1,5 @@
 """Building the native kernels: where they are cached, and what a failed build reports (the worker
-then falls back to torch or refuses to start, epd.engine.decode_backend)."""
+then falls back to torch or refuses to start, epd.engine.native_kernels)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_the_cache_folder_can_be_chosen(monkeypatch, tmp_path):
 def test_a_source_that_does_not_compile_is_reported_not_raised(tmp_path):
     source = tmp_path / "broken.cpp"
     source.write_text("int main( {\n")
-    result = native.build(source, tmp_path / "build", "epd_broken_test")
+    result = native.build((source,), tmp_path / "build", "epd_broken_test")
     assert not result.ok
     assert result.detail.startswith(f"could not build broken.cpp in {tmp_path / 'build'}: ")
     assert "broken.cpp:1:" in result.detail and "error" in result.detail  # the compiler's own line
@@ -34,9 +34,9 @@ def test_a_source_that_does_not_compile_is_reported_not_raised(tmp_path):
 def test_a_cache_folder_that_cannot_be_made_is_reported(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    result = native.build(native.SOURCE, blocker / "sub", "epd_blocked_test")
-    assert not result.ok and "could not build paged_decode.cpp" in result.detail
+    result = native.build(native.SOURCES, blocker / "sub", "epd_blocked_test")
+    assert not result.ok and "could not build paged_decode.cpp, rms_norm.cpp" in result.detail
 
 
-def test_the_source_ships_with_the_package():
-    assert native.SOURCE.is_file() and native.SOURCE.parent == Path(native.__file__).parent
+def test_the_sources_ship_with_the_package():
+    assert all(source.is_file() and source.parent == Path(native.__file__).parent for source in native.SOURCES)

@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd.engine.decode_backend import reference_paged_decode
-from epd.kernels.native import load_paged_decode
+from epd.engine.native_kernels import reference_paged_decode
+from epd.kernels.native import load_kernels
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel():
-    built = load_paged_decode()
+    built = load_kernels()
     assert built.ok, built.detail
 
 

@@ -1,0 +1,103 @@
+"""Whether an engine runs our native CPU kernels (epd/kernels/) or torch's operators. Chosen once, at
+engine start, and logged.
+
+The kernels: the decode attention reading the KV pool in place (attention.pool_decode_attention,
+instead of gathering every context and two products) and the language model's RMSNorm in one
+call (fused_norm.py). `auto` (the default) takes them where they run (a CPU model of float32 or
+bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
+never builds them. On a GPU the model stays with torch's kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "native", "torch")
+NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def native_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the native kernels cannot serve a model on `device` in `dtype`, or None; pure."""
+    if device.type != "cpu":
+        return f"the model is on {device.type}; the native kernels are CPU kernels"
+    if dtype not in NATIVE_DTYPES:
+        return f"the model is {dtype}; the native kernels take float32 or bfloat16"
+    return None
+
+
+def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """True when the engine should run the native kernels; RuntimeError when `native` was asked for
+    and cannot be had (no compiler, a failed self-check, a GPU), so the worker never becomes ready."""
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "torch":
+        return False
+    reason = native_unsupported(device, dtype)
+    if reason is None:
+        from epd.kernels.native import load_kernels
+
+        built = load_kernels()
+        reason = None if built.ok else built.detail
+    if reason is None:
+        reason = self_check(dtype)
+    if reason is None:
+        log.info("kernels: native (decode attention in place, fused RMSNorm; %s)", dtype)
+        return True
+    if mode == "native":
+        raise RuntimeError(f"--kernels native: {reason}")
+    log.warning("kernels: torch's (no native decode attention or RMSNorm): %s", reason)
+    return False
+
+
+def self_check(dtype: torch.dtype) -> str | None:
+    """Run each kernel once against its float32 reference (a miscompiled build must not serve);
+    returns what went wrong, or None."""
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim_a, dim_b, dim_v, slots_total = 4, 2, 24, 8, 20, 128
+    query = torch.randn(3, heads, dim_a + dim_b, generator=gen).to(dtype)
+    key_a, key_b, value = (torch.randn(kv_heads, slots_total, width, generator=gen).to(dtype)
+                           for width in (dim_a, dim_b, dim_v))
+    slots = torch.randperm(slots_total, generator=gen)[:3 * 40].view(3, 40).contiguous()  # [3, 40]
+    lengths = torch.tensor([40, 1, 23])
+    rows, weight = torch.randn(5, 40, generator=gen).to(dtype), (torch.rand(40, generator=gen) + 0.5).to(dtype)
+    results = {
+        "paged_decode": (torch.ops.epd.paged_decode(query, key_a, key_b, value, slots, lengths, 0.2),
+                         reference_paged_decode(query, key_a, key_b, value, slots, lengths, 0.2)),
+        "rms_norm": (torch.ops.epd.rms_norm(rows, weight, 1e-6), reference_rms_norm(rows, weight, 1e-6)),
+    }
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
+    for name, (got, want) in results.items():
+        error = (got.float() - want).abs().max().item()
+        if not error <= tolerance:  # NaN fails too
+            return f"the built {name} is off by {error:.3g} (> {tolerance}) in its self-check"
+    return None
+
+
+def reference_paged_decode(query: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor | None,
+                           value: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """What torch.ops.epd.paged_decode computes, one sequence at a time in float32 (for checks, not speed).
+
+    query [n, Hq, Da + Db]; key_a [Hk, S, Da]; key_b [Hk, S, Db] or None; value [Hk, S, Dv];
+    slots [n, L]; lengths [n] -> [n, Hq, Dv] float32.
+    """
+    keys = key_a if key_b is None else torch.cat([key_a, key_b], dim=-1)  # [Hk, S, Dq]
+    group = query.shape[1] // keys.shape[0]
+    rows = []
+    for i in range(query.shape[0]):
+        context = slots[i, :int(lengths[i])]
+        k = keys[:, context].float().repeat_interleave(group, dim=0)  # [Hq, len, Dq]
+        v = value[:, context].float().repeat_interleave(group, dim=0)  # [Hq, len, Dv]
+        probs = torch.softmax(torch.einsum("hd,hld->hl", query[i].float(), k) * scale, dim=-1)  # [Hq, len]
+        rows.append(torch.einsum("hl,hld->hd", probs, v))
+    return torch.stack(rows)
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm forward (Qwen3-VL-MoE, DeepSeek-V3), as float32: x [..., D], weight [D]."""
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * normed.to(x.dtype)).float()
