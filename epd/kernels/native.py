@@ -5,7 +5,7 @@ and multiplies that (`attention.decode_attention`); `paged_decode.cpp` reads the
 place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of seven operators.
 They are built with torch's own extension builder (ninja + the system C++ compiler, as inductor
 builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the machine
-needs them (about 10 s), into a folder keyed by torch's version and the CPU's feature flags, so a
+needs them (about 5 s), into a folder keyed by torch's version and the CPU's feature flags, so a
 second worker, or the next start, loads them in well under a second. A machine without a
 compiler falls back to torch's operators (`--kernels auto`) or refuses to start (`--kernels native`).
 """
