@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from epd.kernels import MODES as KERNEL_MODES
 from epd.worker_args import env_default
 
 # The engine flags a launcher (`epd serve`, `epd ray up`) takes and hands to the workers it starts.
@@ -46,7 +47,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-policy", choices=("decode_first", "fcfs"),
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
-    g.add_argument("--kernels", choices=("auto", "native", "torch"), default=env_default("kernels", "auto"),
+    g.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
                    help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place "
                         "and a fused RMSNorm, built on a first start, about 5 s), torch (torch's operators), "
                         "or auto (native where they build, else torch; default)")

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from epd.dtypes import DTYPES
+from epd.kernels import MODES as KERNEL_MODES
 
 WORKLOAD_NAMES = ("text", "image-1", "image-4", "repeat")  # = epd.bench.workloads.WORKLOADS (a test keeps them equal)
 
@@ -56,7 +57,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     decode.add_argument("--dtype", choices=DTYPES, default="auto")
     decode.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (auto: cuda if available)")
     decode.add_argument("--profile", action="store_true", help="also print where one step's time goes")
-    decode.add_argument("--kernels", choices=("auto", "native", "torch"), default="auto",
+    decode.add_argument("--kernels", choices=KERNEL_MODES, default="auto",
                         help="our C++ kernels or torch's operators (as the workers' flag)")
     decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     decode.set_defaults(bench_run=_decode)

@@ -20,7 +20,6 @@ from epd.engine import attention, fused_norm, mla
 from epd.engine.block_manager import BlockManager
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
-from epd.engine.native_kernels import MODES as KERNEL_MODES
 from epd.engine.native_kernels import use_native_kernels
 from epd.engine.paged_cache import NamedTensors, PagedKVCache, bytes_per_block, probe_layer_shapes
 from epd.engine.params import SamplingParams
@@ -28,6 +27,7 @@ from epd.engine.positions import PositionPlan
 from epd.engine.sampling import Sampler
 from epd.engine.scheduler import Scheduler, SchedulerConfig
 from epd.engine.sequence import Finish, ImageSpan, Sequence, stop_ids
+from epd.kernels import MODES as KERNEL_MODES
 from epd.models import shape_buckets
 from epd.models.loading import LanguageModel
 from epd.threads import set_thread_compute

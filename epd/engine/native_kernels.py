@@ -14,9 +14,10 @@ import logging
 
 import torch
 
+from epd.kernels import MODES
+
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "native", "torch")
 NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
