@@ -165,11 +165,12 @@ def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from epd.bench.step_parts import format_parts, time_parts
-    from epd.engine import attention, mla
+    from epd.engine import attention
 
-    # The native decode attention is a function, not a module: timed under self_attn, as the cache's update.
-    in_place = [(where, "pool_decode_attention", "decode attention, in place") for where in (attention, mla)]
-    calls = [(engine.cache, "update", "KV cache: write, gather"), *in_place]
+    # The native decode attention is a function, not a module: timed under self_attn, as the cache's update
+    # (both its callers, GQA's paged_attention and MLA's, call it through the attention module).
+    calls = [(engine.cache, "update", "KV cache: write, gather"),
+             (attention, "pool_decode_attention", "decode attention, in place")]
     parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=calls), batch)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()

@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-from epd.engine.attention import StepLayout, decode_attention, pool_decode_attention, prefill_attention
+from epd.engine import attention
+from epd.engine.attention import StepLayout, decode_attention, prefill_attention
 from epd.models.rerouting import reroute
 
 
@@ -80,7 +81,8 @@ def _absorbed_decodes(self, q_nope, q_rot, past: tuple[torch.Tensor, torch.Tenso
     query = torch.cat([torch.matmul(q_nope, weight[:, :nope]), q_rot], dim=-1)  # [H, n, R + Dr]
     if past is None:  # the native kernel reads [latent | k_rot] from the pools in place
         pooled_latent, pooled_rot = layout.pool.keys[self.layer_idx], layout.pool.values[self.layer_idx]
-        mixed = pool_decode_attention(query, pooled_latent, pooled_rot, pooled_latent, layout, self.scaling)
+        # Through the module, as paged_attention calls it: `bench decode --profile` times both with one patch.
+        mixed = attention.pool_decode_attention(query, pooled_latent, pooled_rot, pooled_latent, layout, self.scaling)
     else:
         latent, k_rot = past
         key = torch.cat([latent, k_rot], dim=-1)  # [1, n*L, R + Dr]
