@@ -171,7 +171,8 @@ def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
     # (both its callers, GQA's paged_attention and MLA's, call it through the attention module).
     calls = [(engine.cache, "update", "KV cache: write, gather"),
              (attention, "pool_decode_attention", "decode attention, in place")]
-    parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=calls), batch)
+    parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=calls), batch,
+                         always=[label for _, _, label in calls])
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()
     return parts + "\n\none step by operator:\n" + prof.key_averages().table(sort_by="self_cpu_time_total",

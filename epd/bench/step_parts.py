@@ -133,10 +133,13 @@ def time_parts(model: torch.nn.Module, step: Callable[[], object], steps: int = 
     return StepParts(statistics.median(step_times), parts)
 
 
-def format_parts(result: StepParts, batch: int, limit: int = 16) -> str:
-    """The parts as a table, largest first; the rest folded into one line."""
+def format_parts(result: StepParts, batch: int, limit: int = 16, always: Sequence[str] = ()) -> str:
+    """The parts as a table, largest first; the rest folded into one line, except the parts of the
+    timed calls labelled in `always` (what a profile was asked to separate stays visible however small)."""
     ranked = sorted(result.parts.items(), key=lambda item: -item[1])
-    shown, rest = ranked[:limit], ranked[limit:]
+    kept = tuple(f"({label})" for label in always)
+    shown = [item for rank, item in enumerate(ranked) if rank < limit or item[0].endswith(kept)]
+    rest = [item for item in ranked if item not in shown]
     total = sum(result.parts.values())
     lines = [f"where a decode step's time goes at batch {batch}, by part, summed over layers "
              f"(hooked step {result.step_s * 1000:.1f} ms; `layer.X` is X in every decoder layer, "

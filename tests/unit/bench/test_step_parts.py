@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from epd.bench.step_parts import OUTSIDE, ROOT, by_part, format_parts, own_times, part_of, time_parts
+from epd.bench.step_parts import OUTSIDE, ROOT, StepParts, by_part, format_parts, own_times, part_of, time_parts
 
 
 def test_parts_are_named_below_the_decoder_layer():
@@ -93,3 +93,14 @@ def test_hooks_time_each_part_and_what_is_outside_the_model():
     assert "update" not in vars(cache)  # the class's method again
     table = format_parts(result, batch=4)
     assert "layer.attn" in table.splitlines()[1]  # largest first
+
+
+def test_format_folds_the_smallest_parts_but_keeps_the_timed_calls_asked_for():
+    parts = {f"layer.part{i}": 0.010 - i * 0.001 for i in range(5)} | {"layer.self_attn.(kernel)": 0.0001}
+    table = format_parts(StepParts(0.05, parts), batch=2, limit=2).splitlines()[1:]
+    assert [line.split()[0] for line in table] == ["layer.part0", "layer.part1", "4"]
+    assert "4 more" in table[-1]
+    kept = format_parts(StepParts(0.05, parts), batch=2, limit=2, always=["kernel"]).splitlines()[1:]
+    names = [line.split()[0] for line in kept]
+    assert names[:3] == ["layer.part0", "layer.part1", "layer.self_attn.(kernel)"]
+    assert "3 more" in kept[-1]
