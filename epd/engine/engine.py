@@ -28,7 +28,7 @@ from epd.engine.sampling import Sampler
 from epd.engine.scheduler import Scheduler, SchedulerConfig
 from epd.engine.sequence import Finish, ImageSpan, Sequence, stop_ids
 from epd.kernels import MODES as KERNEL_MODES
-from epd.models import shape_buckets
+from epd.models import experts, shape_buckets
 from epd.models.loading import LanguageModel
 from epd.threads import set_thread_compute
 
@@ -92,6 +92,7 @@ class Engine:
         native = use_native_kernels(config.kernels, self.cache.device, dtype)  # builds them on a first start
         if native:
             fused_norm.install(language.model)
+            experts.install_native(language.model)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
         self.step_threads: Callable[[int, int], int] | None = None

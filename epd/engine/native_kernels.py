@@ -2,10 +2,11 @@
 engine start, and logged.
 
 The kernels: the decode attention reading the KV pool in place (attention.pool_decode_attention,
-instead of gathering every context and two products) and the language model's RMSNorm in one
-call (fused_norm.py). `auto` (the default) takes them where they run (a CPU model of float32 or
-bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
-never builds them. On a GPU the model stays with torch's kernels.
+instead of gathering every context and two products), the language model's RMSNorm in one call
+(fused_norm.py) and the MoE experts' weighted sum in one (epd.models.experts). `auto` (the
+default) takes them where they run (a CPU model of float32 or bfloat16) and build and pass their
+self-check; `native` refuses to start without them; `torch` never builds them. On a GPU the model
+stays with torch's kernels.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> b
     if reason is None:
         reason = self_check(dtype)
     if reason is None:
-        log.info("kernels: native (decode attention in place, fused RMSNorm; %s)", dtype)
+        log.info("kernels: native (decode attention in place, fused RMSNorm and MoE combine; %s)", dtype)
         return True
     if mode == "native":
         raise RuntimeError(f"--kernels native: {reason}")
-    log.warning("kernels: torch's (no native decode attention or RMSNorm): %s", reason)
+    log.warning("kernels: torch's (no native decode attention, RMSNorm or MoE combine): %s", reason)
     return False
 
 
@@ -65,10 +66,13 @@ def self_check(dtype: torch.dtype) -> str | None:
     slots = torch.randperm(slots_total, generator=gen)[:3 * 40].view(3, 40).contiguous()  # [3, 40]
     lengths = torch.tensor([40, 1, 23])
     rows, weight = torch.randn(5, 40, generator=gen).to(dtype), (torch.rand(40, generator=gen) + 0.5).to(dtype)
+    index, routing = torch.randint(0, 5, (3, 2), generator=gen), torch.rand(3, 2, generator=gen).to(dtype)  # [3, 2]
     results = {
         "paged_decode": (torch.ops.epd.paged_decode(query, key_a, key_b, value, slots, lengths, 0.2),
                          reference_paged_decode(query, key_a, key_b, value, slots, lengths, 0.2)),
         "rms_norm": (torch.ops.epd.rms_norm(rows, weight, 1e-6), reference_rms_norm(rows, weight, 1e-6)),
+        "moe_combine": (torch.ops.epd.moe_combine(rows, index, routing),
+                        reference_moe_combine(rows, index, routing)),
     }
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     for name, (got, want) in results.items():
@@ -102,3 +106,8 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     """transformers' RMSNorm forward (Qwen3-VL-MoE, DeepSeek-V3), as float32: x [..., D], weight [D]."""
     normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
     return (weight * normed.to(x.dtype)).float()
+
+
+def reference_moe_combine(rows: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """What torch.ops.epd.moe_combine computes, as float32: rows [R, H], index / weights [T, k] -> [T, H]."""
+    return (rows.float()[index] * weights.float().unsqueeze(-1)).sum(dim=1)

@@ -2,7 +2,8 @@
 
 torch has no paged decode attention on a CPU: its path gathers every context into a padded copy
 and multiplies that (`attention.decode_attention`); `paged_decode.cpp` reads the block pool in
-place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of seven operators.
+place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of seven operators,
+`moe.cpp` the weighted sum that ends an MoE layer's experts in one pass instead of four.
 They are built with torch's own extension builder (ninja + the system C++ compiler, as inductor
 builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the machine
 needs them (about 5 s), into a folder keyed by torch's version and the CPU's feature flags, so a
@@ -25,7 +26,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = (Path(__file__).with_name("paged_decode.cpp"), Path(__file__).with_name("rms_norm.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.cpp", "rms_norm.cpp", "moe.cpp"))
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 
@@ -63,8 +64,8 @@ def cpu_digest() -> str:
 
 
 def load_kernels() -> BuildResult:
-    """Build (first time on this machine) and load `torch.ops.epd.paged_decode` and `.rms_norm`;
-    memoised per process."""
+    """Build (first time on this machine) and load `torch.ops.epd.paged_decode`, `.rms_norm` and
+    `.moe_combine`; memoised per process."""
     global _result
     with _lock:
         if _result is None:

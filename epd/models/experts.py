@@ -34,6 +34,8 @@ library's own switch; the language role installs it (the `hf` baseline keeps the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import PreTrainedModel
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear, grouped_mm_experts_forward
@@ -41,6 +43,7 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear
 from epd.models.shape_buckets import bucket_rows
 
 NAME = "epd_grouped_mm"
+NATIVE_NAME = "epd_grouped_mm_native"  # the same, combining through our C++ kernel (epd/kernels/moe.cpp)
 # The weight bytes one product call's fixed cost is worth: oneDNN spent 40-50 us on a call with a
 # few bfloat16 rows, in which time one core reads about 1 MiB (20-30 GB/s).
 _CALL_COST_BYTES = 1 << 20
@@ -49,17 +52,54 @@ _CALL_COST_BYTES = 1 << 20
 def grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                             top_k_weights: torch.Tensor) -> torch.Tensor:
     """hidden_states [T, H], top_k_index / top_k_weights [T, k] -> [T, H] (as the library computes it)."""
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _combine)
+
+
+def native_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """As `grouped_experts_forward`, the rows combined by torch.ops.epd.moe_combine (one pass, same bits)."""
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine)
+
+
+def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
+                     ) -> torch.Tensor:
     if self.has_bias or not self.has_gate or self.has_post_expert_norm or self._is_expert_parallel:
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
     experts, perm = torch.sort(top_k_index.reshape(-1))  # [T*k]: pairs grouped by expert
     rows = hidden_states.index_select(0, perm // top_k)  # [T*k, H]
-    out = _padded_products(self, rows, experts) if _batches_well(rows) else _grouped_products(self, rows, experts)
+    if _batches_well(rows) and (padded := _padded_products(self, rows, experts)) is not None:
+        out, row_of_pair = padded  # [E*W, H], [T*k]: each sorted pair's row of out
+    else:
+        out, row_of_pair = _grouped_products(self, rows, experts), None
     back = torch.empty_like(perm)
-    back[perm] = torch.arange(perm.numel(), device=perm.device)
-    out = out.index_select(0, back).view(tokens, top_k, -1)  # [T, k, H] token order again
-    out = out.to(torch.promote_types(out.dtype, top_k_weights.dtype)).mul_(top_k_weights.unsqueeze(-1))
-    return out.sum(dim=1).to(hidden_states.dtype)  # [T, H]
+    back[perm] = torch.arange(perm.numel(), device=perm.device)  # [T*k]: each (token, j) pair's sorted place
+    index = back if row_of_pair is None else row_of_pair.index_select(0, back)  # [T*k]: its row of out
+    return combine(out, index.view(tokens, top_k), top_k_weights, hidden_states.dtype)
+
+
+def _combine(out: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """out [R, H], index / weights [T, k] -> [T, H]: each token's rows weighted and summed, the library's way
+    (each product in the promoted dtype, the sum over k, then the input's dtype)."""
+    rows = out.index_select(0, index.reshape(-1)).view(*index.shape, -1)  # [T, k, H] token order again
+    rows = rows.to(torch.promote_types(rows.dtype, weights.dtype)).mul_(weights.unsqueeze(-1))
+    return rows.sum(dim=1).to(dtype)
+
+
+def _native_combine(out: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if out.device.type != "cpu" or out.dtype != dtype or not out.is_contiguous() \
+            or not _sums_in_order(index.shape[1], out.shape[1]):
+        return _combine(out, index, weights, dtype)
+    return torch.ops.epd.moe_combine(out, index, weights.contiguous())
+
+
+def _sums_in_order(top_k: int, width: int) -> bool:
+    """Whether torch sums a [T, top_k, width] tensor over top_k one row after another, as the kernel does;
+    pure. It does for up to 4 rows, or rows of a multiple of 32 elements (torch 2.14 on x86: 32 float32
+    lanes per vectorized step); other widths of 5+ rows it adds in another order, whose bits the
+    kernel would not reproduce. Every checkpoint we know has a hidden size that is a multiple of 32."""
+    return top_k <= 4 or width % 32 == 0
 
 
 def _grouped_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
@@ -78,8 +118,9 @@ def _batches_well(rows: torch.Tensor) -> bool:
     return rows.device.type == "cpu" and rows.dtype == torch.bfloat16
 
 
-def _padded_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-    """As `_grouped_products`, through two `bmm`s over zero-padded per-expert blocks when that is cheap."""
+def _padded_products(self, rows: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """As `_grouped_products`, through two `bmm`s over zero-padded per-expert blocks, when that is cheap
+    (else None): ([E*W, H] products, [N] each row's place among them)."""
     count = torch.bincount(experts, minlength=self.num_experts)  # [E] rows per expert
     num_experts, pairs = self.num_experts, rows.shape[0]
     width, hit = int(count.max()), int((count > 0).sum())
@@ -87,7 +128,7 @@ def _padded_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.T
     # Pad only where the idle experts' weights cost less to read than the calls saved cost, and
     # where padding at most quadruples the rows.
     if (num_experts - hit) * expert_bytes > 2 * hit * _CALL_COST_BYTES or num_experts * width > 4 * pairs:
-        return _grouped_products(self, rows, experts)
+        return None
     width = bucket_rows(width)  # a prompt step's widths vary: a few sizes, so oneDNN's kernels are reused
     first = torch.cumsum(count, dim=0) - count  # [E] index of each expert's first row
     slots = experts * width + torch.arange(pairs, device=rows.device) - first.index_select(0, experts)  # [N]
@@ -96,7 +137,7 @@ def _padded_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.T
     down = self.down_proj if self.is_transposed else self.down_proj.transpose(-2, -1)  # [E, I, H]
     out = torch.bmm(padded.view(num_experts, width, -1), gate_up)  # [E, W, 2I]
     out = torch.bmm(self._apply_gate(out), down)  # [E, W, H]; padding rows stay 0 and are never read
-    return out.view(num_experts * width, -1).index_select(0, slots)  # [N, H]
+    return out.view(num_experts * width, -1), slots
 
 
 def install(model: torch.nn.Module) -> int:
@@ -110,5 +151,17 @@ def install(model: torch.nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, PreTrainedModel) and module._can_set_experts_implementation():
             module.set_experts_implementation(NAME)
+            switched += 1
+    return switched
+
+
+def install_native(model: torch.nn.Module) -> int:
+    """Switch the (sub)models `install` switched to `native_experts_forward` (torch.ops.epd.moe_combine
+    must be loaded: epd.kernels.native); returns how many."""
+    ALL_EXPERTS_FUNCTIONS.register(NATIVE_NAME, native_experts_forward)
+    switched = 0
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel) and getattr(module.config, "_experts_implementation", None) == NAME:
+            module.set_experts_implementation(NATIVE_NAME)
             switched += 1
     return switched

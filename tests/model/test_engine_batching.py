@@ -71,9 +71,14 @@ def _run_staggered(pipe: InProcessPipeline, order: list[int], every: int) -> dic
 @pytest.mark.parametrize("kernels", ["native", "torch"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_mixed_requests_admitted_at_different_steps(family, kernels, tiny_dirs):
-    """Both kernel sets: ours (decode attention reading the pool in place, fused RMSNorm), torch's."""
+    """Both kernel sets: ours (decode attention reading the pool in place, fused RMSNorm, MoE combine), torch's."""
+    from epd.models.experts import NAME, NATIVE_NAME
+
     pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, kernels=kernels)
     assert pipe.engine.runner.decode_in_place is (kernels == "native")
+    experts = {m.config._experts_implementation for m in pipe.engine.language.model.modules()
+               if hasattr(m, "gate_up_proj") and hasattr(m, "config")}
+    assert experts == {NATIVE_NAME if kernels == "native" else NAME}
     got = _run_staggered(pipe, order=[3, 0, 5, 1, 4, 2], every=3)
     for index, tokens in got.items():
         assert tokens == list(_reference(tiny_dirs[family], index)), f"request {index} differs"

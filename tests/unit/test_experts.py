@@ -113,3 +113,20 @@ def test_float32_router_weights_on_bfloat16_rows_combine_as_the_library_does(tok
         theirs = grouped_mm_experts_forward(layer, hidden, index, weights)
     assert grouped_calls == [1]
     assert ours.dtype == torch.bfloat16 and torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("dtype, tokens, hidden", [(torch.float32, 40, 32), (torch.bfloat16, 100, 32),
+                                                   (torch.bfloat16, 3, 512)],
+                         ids=["float32 grouped", "bfloat16 padded", "bfloat16 grouped (large idle experts)"])
+def test_the_native_combine_gives_the_same_bits(dtype, tokens, hidden):
+    from epd.kernels.native import load_kernels
+    from epd.models.experts import native_experts_forward
+
+    assert load_kernels().ok
+    layer = _layer(dtype, hidden=hidden, intermediate=hidden // 2 if hidden > 32 else 16)
+    rows = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
+    index, weights = _routing(tokens, layer, seed=3)
+    for routing in (weights.to(dtype), weights):  # the router's dtype (Qwen), float32 (Kimi's router)
+        with torch.inference_mode():
+            assert torch.equal(native_experts_forward(layer, rows, index, routing),
+                               grouped_experts_forward(layer, rows, index, routing))

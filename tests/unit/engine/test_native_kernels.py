@@ -32,7 +32,7 @@ def test_an_unknown_mode_is_refused():
 def test_auto_falls_back_and_native_refuses_when_the_build_fails(monkeypatch, caplog):
     monkeypatch.setattr(native, "load_kernels", lambda: native.BuildResult(False, "no C++ compiler"))
     assert native_kernels.use_native_kernels("auto", CPU, torch.float32) is False
-    assert "kernels: torch's (no native decode attention or RMSNorm): no C++ compiler" in caplog.text
+    assert "kernels: torch's (no native decode attention, RMSNorm or MoE combine): no C++ compiler" in caplog.text
     with pytest.raises(RuntimeError, match=r"--kernels native: no C\+\+ compiler"):
         native_kernels.use_native_kernels("native", CPU, torch.float32)
 
