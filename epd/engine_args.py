@@ -48,9 +48,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
     g.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
-                   help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place "
-                        "and a fused RMSNorm, built on a first start, about 5 s), torch (torch's operators), "
-                        "or auto (native where they build, else torch; default)")
+                   help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place, "
+                        "a fused RMSNorm and MoE combine, built on a first start, about 5 s), torch (torch's "
+                        "operators), or auto (native where they build, else torch; default)")
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
                    help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "
