@@ -7,9 +7,11 @@ import argparse
 from epd.kernels import MODES as KERNEL_MODES
 from epd.worker_args import env_default
 
-# The engine flags a launcher (`epd serve`, `epd ray up`) takes and hands to the workers it starts.
+# The engine flags a launcher (`epd serve`, `epd ray up`) takes and hands to the workers it starts:
+# numbers, and flags with a fixed set of values.
 PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk",
                        "--decode-step-interval-ms")
+PASSED_ENGINE_CHOICES = {"--kernels": KERNEL_MODES}
 DEFAULT_DECODE_STEP_INTERVAL_MS = 0  # off: pacing trades inter-token latency for throughput (README)
 
 
@@ -17,12 +19,14 @@ def add_passed_engine_arguments(p: argparse.ArgumentParser, workers: str) -> Non
     """A launcher's copies of the engine flags (no defaults: an unset flag leaves the worker's own)."""
     for flag in PASSED_ENGINE_FLAGS:
         p.add_argument(flag, type=int, help=f"passed to every {workers} worker")
+    for flag, choices in PASSED_ENGINE_CHOICES.items():
+        p.add_argument(flag, choices=choices, help=f"passed to every {workers} worker")
 
 
 def passed_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
     """The engine flags a launcher was given, as worker command-line arguments."""
     passed: list[str] = []
-    for flag in PASSED_ENGINE_FLAGS:
+    for flag in (*PASSED_ENGINE_FLAGS, *PASSED_ENGINE_CHOICES):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None:
             passed += [flag, str(value)]

@@ -12,3 +12,11 @@ def test_cli_family_and_size_choices_match_the_generator():
 def test_every_service_command_is_registered():
     assert set(cli.SERVICE_MODULES) == {"encoder", "prefill", "decode", "colocated", "router"}
 
+
+
+def test_serve_hands_its_engine_flags_to_the_workers():
+    from epd.engine_args import passed_engine_args
+
+    args = cli.build_parser().parse_args(["serve", "--kernels", "torch", "--kv-cache-mb", "256"])
+    assert passed_engine_args(args) == ("--kv-cache-mb", "256", "--kernels", "torch")
+    assert passed_engine_args(cli.build_parser().parse_args(["serve"])) == ()  # unset: the workers' own defaults
