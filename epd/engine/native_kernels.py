@@ -3,10 +3,10 @@ engine start, and logged.
 
 The kernels: the decode attention reading the KV pool in place (attention.pool_decode_attention,
 instead of gathering every context and two products), the language model's RMSNorm in one call
-(fused_norm.py) and the MoE experts' weighted sum in one (epd.models.experts). `auto` (the
-default) takes them where they run (a CPU model of float32 or bfloat16) and build and pass their
-self-check; `native` refuses to start without them; `torch` never builds them. On a GPU the model
-stays with torch's kernels.
+(fused_norm.py), the MoE experts' weighted sum in one, and a decode step's experts in bfloat16
+(epd.models.experts). `auto` (the default) takes them where they run (a CPU model of float32 or
+bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
+never builds them. On a GPU the model stays with torch's kernels.
 """
 
 from __future__ import annotations
@@ -58,6 +58,20 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> b
 def self_check(dtype: torch.dtype) -> str | None:
     """Run each kernel once against its float32 reference (a miscompiled build must not serve);
     returns what went wrong, or None."""
+    try:
+        results = _self_check_results(dtype)
+    except Exception as exc:  # a kernel that raises (a stale or foreign build) must not serve either
+        return f"the built kernels raised in their self-check: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    tolerance = 1e-4 if dtype == torch.float32 else 3e-2  # relative to the reference's largest value (or 1)
+    for name, (got, want) in results.items():
+        error = (got.float() - want).abs().max().item() / max(want.abs().max().item(), 1.0)
+        if not error <= tolerance:  # NaN fails too
+            return f"the built {name} is off by {error:.3g} of its largest value (> {tolerance}) in its self-check"
+    return None
+
+
+def _self_check_results(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each kernel's output on small random inputs beside its float32 reference's."""
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim_a, dim_b, dim_v, slots_total = 4, 2, 24, 8, 20, 128
     query = torch.randn(3, heads, dim_a + dim_b, generator=gen).to(dtype)
@@ -66,7 +80,7 @@ def self_check(dtype: torch.dtype) -> str | None:
     slots = torch.randperm(slots_total, generator=gen)[:3 * 40].view(3, 40).contiguous()  # [3, 40]
     lengths = torch.tensor([40, 1, 23])
     rows, weight = torch.randn(5, 40, generator=gen).to(dtype), (torch.rand(40, generator=gen) + 0.5).to(dtype)
-    index, routing = torch.randint(0, 5, (3, 2), generator=gen), torch.rand(3, 2, generator=gen).to(dtype)  # [3, 2]
+    index, routing = torch.randint(0, 4, (3, 2), generator=gen), torch.rand(3, 2, generator=gen).to(dtype)  # [3, 2]
     results = {
         "paged_decode": (torch.ops.epd.paged_decode(query, key_a, key_b, value, slots, lengths, 0.2),
                          reference_paged_decode(query, key_a, key_b, value, slots, lengths, 0.2)),
@@ -74,12 +88,12 @@ def self_check(dtype: torch.dtype) -> str | None:
         "moe_combine": (torch.ops.epd.moe_combine(rows, index, routing),
                         reference_moe_combine(rows, index, routing)),
     }
-    tolerance = 1e-4 if dtype == torch.float32 else 3e-2
-    for name, (got, want) in results.items():
-        error = (got.float() - want).abs().max().item()
-        if not error <= tolerance:  # NaN fails too
-            return f"the built {name} is off by {error:.3g} (> {tolerance}) in its self-check"
-    return None
+    if dtype == torch.bfloat16:  # the decode-sized experts run in bfloat16 only
+        hidden = torch.randn(3, 32, generator=gen).to(dtype)  # [T, H]
+        gate_up, down = (torch.randn(4, *shape, generator=gen).mul(0.3).to(dtype) for shape in ((32, 32), (32, 16)))
+        results["moe_decode"] = (torch.ops.epd.moe_decode(hidden, index, routing, gate_up, down),
+                                 reference_moe_decode(hidden, index, routing, gate_up, down))
+    return results
 
 
 def reference_paged_decode(query: torch.Tensor, key_a: torch.Tensor, key_b: torch.Tensor | None,
@@ -111,3 +125,13 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
 def reference_moe_combine(rows: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """What torch.ops.epd.moe_combine computes, as float32: rows [R, H], index / weights [T, k] -> [T, H]."""
     return (rows.float()[index] * weights.float().unsqueeze(-1)).sum(dim=1)
+
+
+def reference_moe_decode(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor,
+                         down: torch.Tensor) -> torch.Tensor:
+    """What torch.ops.epd.moe_decode computes, as float32: hidden [T, H], index / weights [T, k],
+    gate_up [E, 2I, H], down [E, H, I] -> [T, H]."""
+    rows = hidden.float()[:, None, None]  # [T, 1, 1, H]
+    gate, up = (rows @ gate_up.float()[index].transpose(-1, -2)).chunk(2, dim=-1)  # [T, k, 1, I] each
+    out = (torch.nn.functional.silu(gate) * up) @ down.float()[index].transpose(-1, -2)  # [T, k, 1, H]
+    return (out.squeeze(2) * weights.float().unsqueeze(-1)).sum(dim=1)

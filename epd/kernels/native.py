@@ -26,7 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_decode.cpp", "rms_norm.cpp", "moe.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name)
+                for name in ("paged_decode.cpp", "rms_norm.cpp", "moe.cpp", "moe_decode.cpp"))
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 

@@ -56,3 +56,12 @@ def test_the_built_kernel_passes_its_self_check(dtype):
     assert native.load_kernels().ok
     assert native_kernels.self_check(dtype) is None
     assert native_kernels.use_native_kernels("native", CPU, dtype) is True
+
+
+def test_a_kernel_that_raises_in_the_self_check_is_not_used(monkeypatch):
+    def broken(*args):
+        raise RuntimeError("no such op\nmore detail")
+
+    monkeypatch.setattr(native_kernels, "reference_rms_norm", broken)
+    assert native_kernels.self_check(torch.float32) == (
+        "the built kernels raised in their self-check: RuntimeError: no such op")

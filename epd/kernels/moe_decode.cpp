@@ -1,0 +1,225 @@
+// An MoE layer's experts for a few tokens (decode steps) in bfloat16: each expert that a token
+// routes to reads its weights once, straight from the [E, N, K] tensors, and no other expert's.
+//
+// torch's paths each cost more than the bytes at these sizes: the grouped products are two oneDNN
+// calls per busy expert (25-35 us each of fixed cost, about what reading half a MiB takes), and the
+// batched products pad every expert to the busiest one's rows and read all of them, busy or not
+// (a batch-4 Qwen decode step read all 16 experts of every layer for the ~10 that were busy).
+//
+// torch.ops.epd.moe_decode(hidden [T, H], index [T, k] int64, weights [T, k], gate_up [E, 2I, H],
+//                          down [E, H, I]) -> [T, H], all bfloat16 but the weights (bfloat16 or float32)
+//   as transformers' experts forward with gate, up = (x @ gate_up[e]^T).chunk(2), silu(gate) * up,
+//   @ down[e]^T, weighted and summed over each token's k experts; rounded to bfloat16 where the
+//   library's operators round (each product's output, silu's, the gated product's, the weighted
+//   terms as moe_combine does). The dot products sum in another order than oneDNN's, so a value
+//   can differ from the library's by a bfloat16 step.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int kMaxRows = 4;     // rows (tokens) of one expert multiplied per pass over its weights
+constexpr int kOutputs = 4;     // outputs computed together, sharing each row chunk's load
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
+
+inline Vec load_bf16(const c10::BFloat16* src) {  // bfloat16 is float32's top half: widen by a shift
+  Half h;
+  std::memcpy(&h, src, sizeof(h));
+  const Wide bits = __builtin_convertvector(h, Wide) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+inline Vec load_f32(const float* src) {
+  Vec v;
+  std::memcpy(&v, src, sizeof(v));
+  return v;
+}
+inline float sum(Vec v) {
+  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
+
+// y[r, n] = round_bf16(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
+// kLanes) and n < outputs rows of w (bfloat16, width k); y has `y_stride` floats per row.
+template <int Rows>
+void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs, int64_t k, float* y,
+                        int64_t y_stride) {
+  int64_t n = 0;
+  for (; n + kOutputs <= outputs; n += kOutputs) {
+    Vec acc[Rows][kOutputs] = {};
+    for (int64_t c = 0; c < k; c += kLanes) {
+      Vec wv[kOutputs];
+      for (int o = 0; o < kOutputs; ++o) wv[o] = load_bf16(w + (n + o) * k + c);
+      for (int r = 0; r < Rows; ++r) {
+        const Vec xv = load_f32(x + r * k + c);
+        for (int o = 0; o < kOutputs; ++o) acc[r][o] += xv * wv[o];
+      }
+    }
+    for (int r = 0; r < Rows; ++r)
+      for (int o = 0; o < kOutputs; ++o) y[r * y_stride + n + o] = round_bf16(sum(acc[r][o]));
+  }
+  for (; n < outputs; ++n) {
+    Vec acc[Rows] = {};
+    for (int64_t c = 0; c < k; c += kLanes) {
+      const Vec wv = load_bf16(w + n * k + c);
+      for (int r = 0; r < Rows; ++r) acc[r] += load_f32(x + r * k + c) * wv;
+    }
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + n] = round_bf16(sum(acc[r]));
+  }
+}
+
+void times_weights(int rows, const float* x, const c10::BFloat16* w, int64_t outputs, int64_t k, float* y,
+                   int64_t y_stride) {
+  switch (rows) {  // a row count known at compile time, so the sums stay in registers
+    case 1: rows_times_weights<1>(x, w, outputs, k, y, y_stride); break;
+    case 2: rows_times_weights<2>(x, w, outputs, k, y, y_stride); break;
+    case 3: rows_times_weights<3>(x, w, outputs, k, y, y_stride); break;
+    default: rows_times_weights<4>(x, w, outputs, k, y, y_stride); break;
+  }
+}
+
+// e^x as a polynomial the compiler vectorizes (std::exp is a call per element): 2^(x log2 e) split
+// into 2^k * 2^f, f in [-0.5, 0.5]; relative error ~2e-7; 0 below -87.3, infinity above 88.7.
+inline float exp_any(float x) {
+  const float clamped = std::min(std::max(x, -87.3f), 88.7f);
+  const float y = clamped * 1.44269504f;
+  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
+  const float f = y - k;
+  float p = 1.5353362e-4f;
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6184817e-3f;
+  p = p * f + 5.5503340e-2f;
+  p = p * f + 2.4022652e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  const float e = p * scale;
+  return x > 88.7f ? std::numeric_limits<float>::infinity() : (x < -87.3f ? 0.f : e);
+}
+
+inline float silu_bf16(float g) {  // silu rounded to bfloat16, as the library's silu on bfloat16
+  return round_bf16(g / (1.f + exp_any(-g)));
+}
+
+// Up to kMaxRows consecutive pairs (in expert order) of one expert.
+struct Tile {
+  int64_t expert, first, rows;
+};
+
+// out[q, n0:n0+count] = x[q] . w[n] for the tile's pairs q, over every tile and block of kBlock
+// outputs in parallel: a decode step has a few busy experts, so the work is split by output rows too.
+constexpr int64_t kBlock = 64;
+void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t k, const c10::BFloat16* w,
+                         int64_t outputs, float* out) {
+  const int64_t blocks = (outputs + kBlock - 1) / kBlock;
+  at::parallel_for(0, static_cast<int64_t>(tiles.size()) * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t job = begin; job < end; ++job) {
+      const Tile& tile = tiles[job / blocks];
+      const int64_t n0 = (job % blocks) * kBlock, count = std::min(kBlock, outputs - n0);
+      times_weights(static_cast<int>(tile.rows), x + tile.first * k, w + (tile.expert * outputs + n0) * k, count, k,
+                    out + tile.first * outputs + n0, outputs);
+    }
+  });
+}
+
+template <typename W>
+at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,
+               const at::Tensor& gate_up, const at::Tensor& down) {
+  const int64_t tokens = hidden.size(0), h = hidden.size(1), top_k = index.size(1), pairs = tokens * top_k;
+  const int64_t experts = gate_up.size(0), inter = down.size(2);
+  const int64_t* idx = index.data_ptr<int64_t>();
+  // The pairs in expert order (a counting sort), each one's place in that order, and the tiles.
+  std::vector<int64_t> count(experts + 1, 0), order(pairs), place(pairs);
+  for (int64_t p = 0; p < pairs; ++p) {
+    TORCH_CHECK(idx[p] >= 0 && idx[p] < experts, "index[", p / top_k, ", ", p % top_k, "] = ", idx[p],
+                " is not one of the ", experts, " experts");
+    ++count[idx[p] + 1];
+  }
+  for (int64_t e = 0; e < experts; ++e) count[e + 1] += count[e];  // count[e]: expert e's first place
+  std::vector<int64_t> next(count.begin(), count.end() - 1);
+  for (int64_t p = 0; p < pairs; ++p) order[place[p] = next[idx[p]]++] = p;
+  std::vector<Tile> tiles;
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t first = count[e]; first < count[e + 1]; first += kMaxRows)
+      tiles.push_back({e, first, std::min<int64_t>(kMaxRows, count[e + 1] - first)});
+  // Each pair's hidden row, widened, in expert order: [P, H].
+  const c10::BFloat16* hid = hidden.data_ptr<c10::BFloat16>();
+  std::vector<float> x(pairs * h), gu(pairs * 2 * inter), act(pairs * inter), y(pairs * h);
+  for (int64_t q = 0; q < pairs; ++q)
+    for (int64_t d = 0; d < h; ++d) x[q * h + d] = static_cast<float>(hid[(order[q] / top_k) * h + d]);
+  tiles_times_weights(tiles, x.data(), h, gate_up.data_ptr<c10::BFloat16>(), 2 * inter, gu.data());  // [P, 2I]
+  for (int64_t q = 0; q < pairs; ++q)  // silu(gate) * up, rounded as the library rounds: [P, I]
+    for (int64_t i = 0; i < inter; ++i)
+      act[q * inter + i] = round_bf16(silu_bf16(gu[q * 2 * inter + i]) * gu[q * 2 * inter + inter + i]);
+  tiles_times_weights(tiles, act.data(), inter, down.data_ptr<c10::BFloat16>(), h, y.data());  // [P, H]
+  // Weighted sum over each token's experts, rounded as the library's combine (see moe.cpp).
+  constexpr bool kRoundProduct = std::is_same_v<W, c10::BFloat16>;
+  const W* wts = weights.data_ptr<W>();
+  at::Tensor out = at::empty({tokens, h}, hidden.options());
+  c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t d = 0; d < h; ++d) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < top_k; ++j) {
+        float term = y[place[t * top_k + j] * h + d] * static_cast<float>(wts[t * top_k + j]);
+        if (kRoundProduct) term = round_bf16(term);
+        acc += term;
+      }
+      dst[t * h + d] = static_cast<c10::BFloat16>(acc);
+    }
+  }
+  return out;
+}
+
+at::Tensor moe_decode(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,
+                      const at::Tensor& gate_up, const at::Tensor& down) {
+  for (const at::Tensor* t : {&hidden, &index, &weights, &gate_up, &down})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(), "moe_decode takes contiguous CPU tensors");
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16, "hidden must be [T, H] bfloat16");
+  TORCH_CHECK(index.dim() == 2 && index.size(0) == hidden.size(0) && index.scalar_type() == at::kLong,
+              "index must be [T, k] int64 with T = ", hidden.size(0));
+  TORCH_CHECK(weights.sizes() == index.sizes(), "weights have shape ", weights.sizes(), "; expected ", index.sizes());
+  TORCH_CHECK(gate_up.dim() == 3 && down.dim() == 3 && gate_up.scalar_type() == at::kBFloat16 &&
+                  down.scalar_type() == at::kBFloat16,
+              "gate_up and down must be [E, 2I, H] and [E, H, I] bfloat16");
+  const int64_t h = hidden.size(1), inter = down.size(2);
+  TORCH_CHECK(gate_up.size(2) == h && gate_up.size(1) == 2 * inter && down.size(1) == h &&
+                  down.size(0) == gate_up.size(0),
+              "gate_up ", gate_up.sizes(), " and down ", down.sizes(), " do not fit hidden rows of ", h);
+  TORCH_CHECK(h % kLanes == 0 && inter % kLanes == 0, "moe_decode needs H and I multiples of ", kLanes, " (got ", h,
+              ", ", inter, ")");
+  if (weights.scalar_type() == at::kBFloat16) return run<c10::BFloat16>(hidden, index, weights, gate_up, down);
+  TORCH_CHECK(weights.scalar_type() == at::kFloat, "weights must be bfloat16 or float32, not ", weights.scalar_type());
+  return run<float>(hidden, index, weights, gate_up, down);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(epd, m) {
+  m.def("moe_decode(Tensor hidden, Tensor index, Tensor weights, Tensor gate_up, Tensor down) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(epd, CPU, m) { m.impl("moe_decode", moe_decode); }
