@@ -53,7 +53,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
     g.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
                    help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place, "
-                        "a fused RMSNorm and MoE combine, built on a first start, about 5 s), torch (torch's "
+                        "a fused RMSNorm, the MoE experts' end and, in bfloat16, a decode step's experts; built on "
+                        "a first start, about 5 s), torch (torch's "
                         "operators), or auto (native where they build, else torch; default)")
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),

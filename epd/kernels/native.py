@@ -3,7 +3,8 @@
 torch has no paged decode attention on a CPU: its path gathers every context into a padded copy
 and multiplies that (`attention.decode_attention`); `paged_decode.cpp` reads the block pool in
 place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of seven operators,
-`moe.cpp` the weighted sum that ends an MoE layer's experts in one pass instead of four.
+`moe.cpp` the weighted sum that ends an MoE layer's experts in one pass instead of four, and
+`moe_decode.cpp` a decode step's experts reading only the busy experts' weights.
 They are built with torch's own extension builder (ninja + the system C++ compiler, as inductor
 builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the machine
 needs them (about 5 s), into a folder keyed by torch's version and the CPU's feature flags, so a
