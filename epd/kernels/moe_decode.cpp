@@ -68,7 +68,15 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
   int64_t n = 0;
   for (; n + kOutputs <= outputs; n += kOutputs) {
     Vec acc[Rows][kOutputs] = {};
+    // The next kOutputs weight rows (contiguous: kOutputs * k * 2 bytes) are asked for while these
+    // are multiplied, two cache lines per step of kLanes: one core's loads alone do not keep enough
+    // reads in flight to stream DRAM at its bandwidth.
+    const char* ahead = reinterpret_cast<const char*>(w + (n + kOutputs) * k);
     for (int64_t c = 0; c < k; c += kLanes) {
+      if (n + 2 * kOutputs <= outputs) {
+        __builtin_prefetch(ahead + c * 8);
+        __builtin_prefetch(ahead + c * 8 + 64);
+      }
       Vec wv[kOutputs];
       for (int o = 0; o < kOutputs; ++o) wv[o] = load_bf16(w + (n + o) * k + c);
       for (int r = 0; r < Rows; ++r) {

@@ -54,14 +54,14 @@ NATIVE_NAME = "epd_grouped_mm_native"  # the same, combining through our C++ ker
 # few bfloat16 rows, in which time one core reads about 1 MiB (20-30 GB/s).
 _CALL_COST_BYTES = 1 << 20
 # moe_decode takes a call while its (token, expert) pairs are at most this many per expert: it reads
-# only the busy experts' weights but multiplies without oneDNN's blocking, so with several rows per
-# expert the batched products win. Six small-Qwen layers (16 experts, top-4), bfloat16, one thread:
-# 1.0 against 3.6 ms at 1 token, 3.7 against 7.4 at 4, 5.9 against 7.4 at 8, even at 12, 10.8
-# against 8.7 at 16 (/tmp/s28/ab_decode_moe.py); whole decode steps 7.6-7.9 against 9.6-9.8 ms at
-# batch 1, 14.2-14.8 against 17.1-17.9 at 4, even at 8. On two threads it gained nothing past one
-# token (2 vCPUs: 1.1 against 3.2 ms at 1 token, 5.1 against 5.2 at 4), so there it takes fewer.
-NATIVE_DECODE_PAIRS_PER_EXPERT = 2.0
-NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED = 0.5
+# only the busy experts' weights but multiplies without oneDNN's blocking, so with many rows per
+# expert the batched products win. Whole small-checkpoint decode steps (16 experts, top-4), bfloat16,
+# interleaved in one process (/tmp/s28/ab_step4.py), torch's experts against moe_decode: one thread,
+# Qwen 8.6 / 5.9 ms at batch 1, 14.7 / 9.9 at 4, 18.1 / 13.9 at 8, 20.5 / 19.2 at 16, even at 24;
+# Kimi 11.0 / 8.5, 18.0 / 13.3, 20.0 / 16.5, 22.5 / 20.9. Two threads (2 vCPUs), Qwen: 8.8 / 7.0,
+# 12.9 / 11.7, 15.7 / 15.5, 19.0 / 21.6: there it scales less than oneDNN and takes fewer.
+NATIVE_DECODE_PAIRS_PER_EXPERT = 4.0
+NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED = 2.0
 
 
 def grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
