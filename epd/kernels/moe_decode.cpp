@@ -20,6 +20,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "vec16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -30,34 +32,10 @@
 
 namespace {
 
-constexpr int64_t kLanes = 16;
+using namespace epd_vec;
+
 constexpr int kMaxRows = 4;     // rows (tokens) of one expert multiplied per pass over its weights
 constexpr int kOutputs = 4;     // outputs computed together, sharing each row chunk's load
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
-
-inline Vec load_bf16(const c10::BFloat16* src) {  // bfloat16 is float32's top half: widen by a shift
-  Half h;
-  std::memcpy(&h, src, sizeof(h));
-  const Wide bits = __builtin_convertvector(h, Wide) << 16;
-  Vec v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
-inline Vec load_f32(const float* src) {
-  Vec v;
-  std::memcpy(&v, src, sizeof(v));
-  return v;
-}
-inline float sum(Vec v) {
-  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
-}
 inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
 
 // y[r, n] = round_bf16(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
@@ -78,9 +56,9 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
         __builtin_prefetch(ahead + c * 8 + 64);
       }
       Vec wv[kOutputs];
-      for (int o = 0; o < kOutputs; ++o) wv[o] = load_bf16(w + (n + o) * k + c);
+      for (int o = 0; o < kOutputs; ++o) wv[o] = load(w + (n + o) * k + c);
       for (int r = 0; r < Rows; ++r) {
-        const Vec xv = load_f32(x + r * k + c);
+        const Vec xv = load(x + r * k + c);
         for (int o = 0; o < kOutputs; ++o) acc[r][o] += xv * wv[o];
       }
     }
@@ -90,8 +68,8 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
   for (; n < outputs; ++n) {
     Vec acc[Rows] = {};
     for (int64_t c = 0; c < k; c += kLanes) {
-      const Vec wv = load_bf16(w + n * k + c);
-      for (int r = 0; r < Rows; ++r) acc[r] += load_f32(x + r * k + c) * wv;
+      const Vec wv = load(w + n * k + c);
+      for (int r = 0; r < Rows; ++r) acc[r] += load(x + r * k + c) * wv;
     }
     for (int r = 0; r < Rows; ++r) y[r * y_stride + n] = round_bf16(sum(acc[r]));
   }
@@ -105,27 +83,6 @@ void times_weights(int rows, const float* x, const c10::BFloat16* w, int64_t out
     case 3: rows_times_weights<3>(x, w, outputs, k, y, y_stride); break;
     default: rows_times_weights<4>(x, w, outputs, k, y, y_stride); break;
   }
-}
-
-// e^x as a polynomial the compiler vectorizes (std::exp is a call per element): 2^(x log2 e) split
-// into 2^k * 2^f, f in [-0.5, 0.5]; relative error ~2e-7; 0 below -87.3, infinity above 88.7.
-inline float exp_any(float x) {
-  const float clamped = std::min(std::max(x, -87.3f), 88.7f);
-  const float y = clamped * 1.44269504f;
-  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
-  const float f = y - k;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
-  p = p * f + 9.6184817e-3f;
-  p = p * f + 5.5503340e-2f;
-  p = p * f + 2.4022652e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  const float e = p * scale;
-  return x > 88.7f ? std::numeric_limits<float>::infinity() : (x < -87.3f ? 0.f : e);
 }
 
 inline float silu_bf16(float g) {  // silu rounded to bfloat16, as the library's silu on bfloat16

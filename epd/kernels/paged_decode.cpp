@@ -18,6 +18,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "vec16.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -27,30 +29,13 @@
 
 namespace {
 
-// 16 floats: GCC/Clang vector extensions, lowered to whatever SIMD the build's -march has (one AVX-512
-// register, two AVX2 ones, four NEON ones), so the kernel needs no per-ISA intrinsics.
-constexpr int64_t kLanes = 16;
-constexpr int64_t kHeadsInRegisters = 8;
+using namespace epd_vec;
+
+constexpr int64_t kHeadsInRegisters = 8;  // query heads of a group whose sums stay in registers
 // Rows ahead whose first cache line is asked for: a context's rows lie in blocks scattered over the
 // pool, and the hardware prefetcher loses the stream at each block's end (0.42 -> 0.39 ms, a Qwen layer).
-constexpr int64_t kPrefetchRows = 8;  // query heads of a group whose sums stay in registers
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+constexpr int64_t kPrefetchRows = 8;
 
-inline Vec load(const float* src) {
-  Vec v;
-  std::memcpy(&v, src, sizeof(v));
-  return v;
-}
-inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: widen by a shift
-  Half h;
-  std::memcpy(&h, src, sizeof(h));
-  const Wide bits = __builtin_convertvector(h, Wide) << 16;
-  Vec v;
-  std::memcpy(&v, &bits, sizeof(v));
-  return v;
-}
 // Lanes [c * kLanes, c * kLanes + kLanes) of a row of `width` elements, zeros past its end.
 template <typename T>
 inline Vec load_chunk(const T* row, int64_t c, int64_t width) {
@@ -61,35 +46,6 @@ inline Vec load_chunk(const T* row, int64_t c, int64_t width) {
   return load(tail);
 }
 inline int64_t chunks(int64_t width) { return (width + kLanes - 1) / kLanes; }
-
-typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
-inline float sum(Vec v) {  // halving tree: 4 shuffle + add steps, not 16 lane extractions
-  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
-  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
-}
-
-// e^x for x <= 0 (scores minus their max), a polynomial the compiler vectorizes (std::exp is a call
-// per element): 2^(x log2 e) split into 2^k * 2^f, f in [-0.5, 0.5]; relative error ~2e-7.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.f);  // below this e^x is under float's smallest normal: 0 after the softmax's sum
-  const float y = x * 1.44269504f;
-  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
-  const float f = y - k;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
-  p = p * f + 9.6184817e-3f;
-  p = p * f + 5.5503340e-2f;
-  p = p * f + 2.4022652e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;  // 2^k
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
 
 // The largest of n floats: kLanes running maxima the compiler vectorizes (std::max_element is one
 // compare after another, a 4-cycle chain per score).

@@ -1,0 +1,74 @@
+// What the kernels here share: 16-float vectors through GCC/Clang vector extensions, lowered to
+// whatever SIMD the build's -march has (one AVX-512 register, two AVX2 ones, four NEON ones), so no
+// kernel needs per-ISA intrinsics; loads that widen bfloat16; a horizontal sum; e^x as a polynomial
+// the compiler vectorizes (std::exp is a call per element).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace epd_vec {
+
+constexpr int64_t kLanes = 16;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
+typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));
+
+inline Vec load(const float* src) {
+  Vec v;
+  std::memcpy(&v, src, sizeof(v));
+  return v;
+}
+inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: widen by a shift
+  Half h;
+  std::memcpy(&h, src, sizeof(h));
+  const Wide bits = __builtin_convertvector(h, Wide) << 16;
+  Vec v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+inline float sum(Vec v) {  // halving tree: 4 shuffle + add steps, not 16 lane extractions
+  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+  return (h4[0] + h4[2]) + (h4[1] + h4[3]);
+}
+
+// e^x for x in [-87, 88.7]: 2^(x log2 e) split into 2^k * 2^f, f in [-0.5, 0.5], k in [-126, 128];
+// relative error ~2e-7. 2^k is built in two halves so that k = 128 (x above 88.03) stays finite.
+inline float exp_in_range(float x) {
+  const float y = x * 1.44269504f;
+  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
+  const float f = y - k;
+  float p = 1.5353362e-4f;
+  p = p * f + 1.3398874e-3f;
+  p = p * f + 9.6184817e-3f;
+  p = p * f + 5.5503340e-2f;
+  p = p * f + 2.4022652e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.f;
+  const int32_t top = k > 127.f ? 127 : static_cast<int32_t>(k);  // 2^k = 2^top * (2 or 1)
+  const int32_t bits = (top + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale * (k > 127.f ? 2.f : 1.f);
+}
+
+// e^x for x <= 0 (scores minus their max): below -87 it is under float's smallest normal, and 0
+// after a softmax's sum.
+inline float exp_nonpositive(float x) { return exp_in_range(std::max(x, -87.f)); }
+
+// e^x over float's whole range, as expf: 0 below -87.3, infinity above 88.72.
+inline float exp_any(float x) {
+  const float e = exp_in_range(std::min(std::max(x, -87.3f), 88.72f));
+  return x > 88.72f ? std::numeric_limits<float>::infinity() : (x < -87.3f ? 0.f : e);
+}
+
+}  // namespace epd_vec
