@@ -138,8 +138,9 @@ def format_parts(result: StepParts, batch: int, limit: int = 16, always: Sequenc
     timed calls labelled in `always` (what a profile was asked to separate stays visible however small)."""
     ranked = sorted(result.parts.items(), key=lambda item: -item[1])
     kept = tuple(f"({label})" for label in always)
-    shown = [item for rank, item in enumerate(ranked) if rank < limit or item[0].endswith(kept)]
-    rest = [item for item in ranked if item not in shown]
+    shown, rest = [], []
+    for rank, item in enumerate(ranked):
+        (shown if rank < limit or item[0].endswith(kept) else rest).append(item)
     total = sum(result.parts.values())
     lines = [f"where a decode step's time goes at batch {batch}, by part, summed over layers "
              f"(hooked step {result.step_s * 1000:.1f} ms; `layer.X` is X in every decoder layer, "

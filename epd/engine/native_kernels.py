@@ -47,7 +47,8 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> b
     if reason is None:
         reason = self_check(dtype)
     if reason is None:
-        log.info("kernels: native (decode attention in place, fused RMSNorm and MoE combine; %s)", dtype)
+        log.info("kernels: native (decode attention in place, fused RMSNorm, MoE combine and decode experts; %s)",
+                 dtype)
         return True
     if mode == "native":
         raise RuntimeError(f"--kernels native: {reason}")

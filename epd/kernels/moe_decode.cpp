@@ -20,15 +20,12 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include "vec16.h"
-
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
-#include <type_traits>
 #include <vector>
+
+#include "moe_combine.h"
+#include "vec16.h"
 
 namespace {
 
@@ -36,7 +33,6 @@ using namespace epd_vec;
 
 constexpr int kMaxRows = 4;     // rows (tokens) of one expert multiplied per pass over its weights
 constexpr int kOutputs = 4;     // outputs computed together, sharing each row chunk's load
-inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
 
 // y[r, n] = round_bf16(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
 // kLanes) and n < outputs rows of w (bfloat16, width k); y has `y_stride` floats per row.
@@ -110,7 +106,6 @@ void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t
   });
 }
 
-template <typename W>
 at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,
                const at::Tensor& gate_up, const at::Tensor& down) {
   const int64_t tokens = hidden.size(0), h = hidden.size(1), top_k = index.size(1), pairs = tokens * top_k;
@@ -140,23 +135,12 @@ at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tens
     for (int64_t i = 0; i < inter; ++i)
       act[q * inter + i] = round_bf16(silu_bf16(gu[q * 2 * inter + i]) * gu[q * 2 * inter + inter + i]);
   tiles_times_weights(tiles, act.data(), inter, down.data_ptr<c10::BFloat16>(), h, y.data());  // [P, H]
-  // Weighted sum over each token's experts, rounded as the library's combine (see moe.cpp).
-  constexpr bool kRoundProduct = std::is_same_v<W, c10::BFloat16>;
-  const W* wts = weights.data_ptr<W>();
-  at::Tensor out = at::empty({tokens, h}, hidden.options());
-  c10::BFloat16* dst = out.data_ptr<c10::BFloat16>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t d = 0; d < h; ++d) {
-      float acc = 0.f;
-      for (int64_t j = 0; j < top_k; ++j) {
-        float term = y[place[t * top_k + j] * h + d] * static_cast<float>(wts[t * top_k + j]);
-        if (kRoundProduct) term = round_bf16(term);
-        acc += term;
-      }
-      dst[t * h + d] = static_cast<c10::BFloat16>(acc);
-    }
-  }
-  return out;
+  // Each pair's output is a bfloat16 value already (rounded as the library's product output is);
+  // weighted and summed over each token's experts by the combine moe_combine runs.
+  at::Tensor rows = at::empty({pairs, h}, hidden.options());  // [P, H] in expert order
+  c10::BFloat16* dst = rows.data_ptr<c10::BFloat16>();
+  for (int64_t i = 0; i < pairs * h; ++i) dst[i] = static_cast<c10::BFloat16>(y[i]);
+  return epd_moe::combine_rows(rows, place.data(), weights);
 }
 
 at::Tensor moe_decode(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,
@@ -176,9 +160,9 @@ at::Tensor moe_decode(const at::Tensor& hidden, const at::Tensor& index, const a
               "gate_up ", gate_up.sizes(), " and down ", down.sizes(), " do not fit hidden rows of ", h);
   TORCH_CHECK(h % kLanes == 0 && inter % kLanes == 0, "moe_decode needs H and I multiples of ", kLanes, " (got ", h,
               ", ", inter, ")");
-  if (weights.scalar_type() == at::kBFloat16) return run<c10::BFloat16>(hidden, index, weights, gate_up, down);
-  TORCH_CHECK(weights.scalar_type() == at::kFloat, "weights must be bfloat16 or float32, not ", weights.scalar_type());
-  return run<float>(hidden, index, weights, gate_up, down);
+  TORCH_CHECK(weights.scalar_type() == at::kBFloat16 || weights.scalar_type() == at::kFloat,
+              "weights must be bfloat16 or float32, not ", weights.scalar_type());
+  return run(hidden, index, weights, gate_up, down);
 }
 
 }  // namespace

@@ -66,8 +66,8 @@ def cpu_digest() -> str:
 
 
 def load_kernels() -> BuildResult:
-    """Build (first time on this machine) and load `torch.ops.epd.paged_decode`, `.rms_norm` and
-    `.moe_combine`; memoised per process."""
+    """Build (first time on this machine) and load `torch.ops.epd.paged_decode`, `.rms_norm`,
+    `.moe_combine` and `.moe_decode`; memoised per process."""
     global _result
     with _lock:
         if _result is None:

@@ -21,7 +21,6 @@
 #include "vec16.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>

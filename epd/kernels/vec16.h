@@ -34,6 +34,8 @@ inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: 
   return v;
 }
 
+inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
+
 inline float sum(Vec v) {  // halving tree: 4 shuffle + add steps, not 16 lane extractions
   const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                   __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);

@@ -93,18 +93,22 @@ def _decodes_natively(self, hidden_states: torch.Tensor, top_k_index: torch.Tens
     gate_up, down = self.gate_up_proj, self.down_proj
     return (hidden_states.device.type == "cpu" and hidden_states.dtype == torch.bfloat16
             and top_k_index.numel() <= _pairs_per_expert() * self.num_experts
-            and gate_up.dtype == torch.bfloat16
-            and not (self.has_bias or not self.has_gate or self.has_post_expert_norm or self._is_expert_parallel)
+            and gate_up.dtype == torch.bfloat16 and not _library_only(self)
             and not self.is_transposed and isinstance(self.act_fn, (SiLUActivation, torch.nn.SiLU))
             and getattr(self._apply_gate, "__func__", None) is _default_apply_gate
             and gate_up.shape[-1] % 16 == 0 and down.shape[-1] % 16 == 0 and gate_up.is_contiguous()
             and down.is_contiguous())
 
 
+def _library_only(self) -> bool:
+    """A layer these forwards do not cover: biases, no gate, a post-expert norm, expert parallelism."""
+    return self.has_bias or not self.has_gate or self.has_post_expert_norm or self._is_expert_parallel
+
+
 def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
                      combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
                      ) -> torch.Tensor:
-    if self.has_bias or not self.has_gate or self.has_post_expert_norm or self._is_expert_parallel:
+    if _library_only(self):
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
     experts, perm = torch.sort(top_k_index.reshape(-1))  # [T*k]: pairs grouped by expert
@@ -193,22 +197,21 @@ def install(model: torch.nn.Module) -> int:
     Each (sub)model whose class supports the switch is switched itself: the role classes that drop
     the vision side live in our module, which transformers' check (a look at the class's source)
     does not recognise, so a switch asked of the top model would not reach its text model."""
-    ALL_EXPERTS_FUNCTIONS.register(NAME, grouped_experts_forward)
-    switched = 0
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel) and module._can_set_experts_implementation():
-            module.set_experts_implementation(NAME)
-            switched += 1
-    return switched
+    return _switch(model, NAME, grouped_experts_forward, lambda module: module._can_set_experts_implementation())
 
 
 def install_native(model: torch.nn.Module) -> int:
     """Switch the (sub)models `install` switched to `native_experts_forward` (torch.ops.epd.moe_combine
-    must be loaded: epd.kernels.native); returns how many."""
-    ALL_EXPERTS_FUNCTIONS.register(NATIVE_NAME, native_experts_forward)
+    and .moe_decode must be loaded: epd.kernels.native); returns how many."""
+    return _switch(model, NATIVE_NAME, native_experts_forward,
+                   lambda module: getattr(module.config, "_experts_implementation", None) == NAME)
+
+
+def _switch(model: torch.nn.Module, name: str, forward: Callable, applies: Callable[[PreTrainedModel], bool]) -> int:
+    ALL_EXPERTS_FUNCTIONS.register(name, forward)
     switched = 0
     for module in model.modules():
-        if isinstance(module, PreTrainedModel) and getattr(module.config, "_experts_implementation", None) == NAME:
-            module.set_experts_implementation(NATIVE_NAME)
+        if isinstance(module, PreTrainedModel) and applies(module):
+            module.set_experts_implementation(name)
             switched += 1
     return switched

@@ -118,11 +118,13 @@ def test_float32_router_weights_on_bfloat16_rows_combine_as_the_library_does(tok
 @pytest.mark.parametrize("dtype, tokens, hidden", [(torch.float32, 40, 32), (torch.bfloat16, 100, 32),
                                                    (torch.bfloat16, 3, 512)],
                          ids=["float32 grouped", "bfloat16 padded", "bfloat16 grouped (large idle experts)"])
-def test_the_native_combine_gives_the_same_bits(dtype, tokens, hidden):
+def test_the_native_combine_gives_the_same_bits(dtype, tokens, hidden, monkeypatch):
     from epd.kernels.native import load_kernels
     from epd.models.experts import native_experts_forward
 
     assert load_kernels().ok
+    # The combine's path, not moe_decode's (which would take the 3-token case and promises no bits).
+    monkeypatch.setattr(experts, "_decodes_natively", lambda *args: False)
     layer = _layer(dtype, hidden=hidden, intermediate=hidden // 2 if hidden > 32 else 16)
     rows = torch.randn(tokens, hidden, generator=torch.Generator().manual_seed(3)).to(dtype)
     index, weights = _routing(tokens, layer, seed=3)
