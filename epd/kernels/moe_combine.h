@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "vec16.h"
+#include "vec.h"
 
 namespace epd_moe {
 

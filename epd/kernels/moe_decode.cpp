@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "moe_combine.h"
-#include "vec16.h"
+#include "vec.h"
 
 namespace {
 
@@ -43,14 +43,13 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
   for (; n + kOutputs <= outputs; n += kOutputs) {
     Vec acc[Rows][kOutputs] = {};
     // The next kOutputs weight rows (contiguous: kOutputs * k * 2 bytes) are asked for while these
-    // are multiplied, two cache lines per step of kLanes: one core's loads alone do not keep enough
-    // reads in flight to stream DRAM at its bandwidth.
+    // are multiplied, as many bytes per step of kLanes as the step reads: one core's loads alone do
+    // not keep enough reads in flight to stream DRAM at its bandwidth.
     const char* ahead = reinterpret_cast<const char*>(w + (n + kOutputs) * k);
+    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(c10::BFloat16);  // 128 (AVX-512), 64
     for (int64_t c = 0; c < k; c += kLanes) {
-      if (n + 2 * kOutputs <= outputs) {
-        __builtin_prefetch(ahead + c * 8);
-        __builtin_prefetch(ahead + c * 8 + 64);
-      }
+      if (n + 2 * kOutputs <= outputs)
+        for (int64_t line = 0; line < kStepBytes; line += 64) __builtin_prefetch(ahead + c / kLanes * kStepBytes + line);
       Vec wv[kOutputs];
       for (int o = 0; o < kOutputs; ++o) wv[o] = load(w + (n + o) * k + c);
       for (int r = 0; r < Rows; ++r) {

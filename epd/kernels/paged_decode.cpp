@@ -18,7 +18,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include "vec16.h"
+#include "vec.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,7 +1,12 @@
-// What the kernels here share: 16-float vectors through GCC/Clang vector extensions, lowered to
-// whatever SIMD the build's -march has (one AVX-512 register, two AVX2 ones, four NEON ones), so no
-// kernel needs per-ISA intrinsics; loads that widen bfloat16; a horizontal sum; e^x as a polynomial
-// the compiler vectorizes (std::exp is a call per element).
+// What the kernels here share: float vectors one register wide through GCC/Clang vector extensions
+// (16 lanes with AVX-512, else 8: AVX2's and two NEON registers' width), so no kernel needs per-ISA
+// intrinsics; loads that widen bfloat16; a horizontal sum; e^x as a polynomial the compiler
+// vectorizes (std::exp is a call per element).
+//
+// Why not 16 lanes everywhere: without AVX-512, GCC 12 keeps a 64-byte vector that a loop carries
+// (an accumulator) in memory and moves it through general registers on every iteration; the decode
+// attention ran 27x slower on an AVX2 Zen 3 than with one-register vectors, and the kernels that hold
+// several accumulators need them to fit AVX2's 16 registers anyway.
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -13,7 +18,11 @@
 
 namespace epd_vec {
 
+#if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
 typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
 typedef uint16_t Half __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 typedef uint32_t Wide __attribute__((vector_size(kLanes * sizeof(uint32_t))));
@@ -36,9 +45,17 @@ inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: 
 
 inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
 
-inline float sum(Vec v) {  // halving tree: 4 shuffle + add steps, not 16 lane extractions
-  const Vec8 h8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+inline Vec8 halves(Vec v) {  // the sum of the two 8-lane halves (16 lanes), or v itself (8)
+#if defined(__AVX512F__)
+  return __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  return v;
+#endif
+}
+
+inline float sum(Vec v) {  // halving tree: shuffle + add steps, not one lane extraction per lane
+  const Vec8 h8 = halves(v);
   const Vec4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
   return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
