@@ -89,11 +89,10 @@ def _self_check_results(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, tor
         "moe_combine": (torch.ops.epd.moe_combine(rows, index, routing),
                         reference_moe_combine(rows, index, routing)),
     }
-    if dtype == torch.bfloat16:  # the decode-sized experts run in bfloat16 only
-        hidden = torch.randn(3, 32, generator=gen).to(dtype)  # [T, H]
-        gate_up, down = (torch.randn(4, *shape, generator=gen).mul(0.3).to(dtype) for shape in ((32, 32), (32, 16)))
-        results["moe_decode"] = (torch.ops.epd.moe_decode(hidden, index, routing, gate_up, down),
-                                 reference_moe_decode(hidden, index, routing, gate_up, down))
+    hidden = torch.randn(3, 32, generator=gen).to(dtype)  # [T, H]
+    gate_up, down = (torch.randn(4, *shape, generator=gen).mul(0.3).to(dtype) for shape in ((32, 32), (32, 16)))
+    results["moe_decode"] = (torch.ops.epd.moe_decode(hidden, index, routing, gate_up, down),
+                             reference_moe_decode(hidden, index, routing, gate_up, down))
     return results
 
 

@@ -1,5 +1,5 @@
-// An MoE layer's experts for a few tokens (decode steps) in bfloat16: each expert that a token
-// routes to reads its weights once, straight from the [E, N, K] tensors, and no other expert's.
+// An MoE layer's experts for a few tokens (decode steps), bfloat16 or float32: each expert that a
+// token routes to reads its weights once, straight from the [E, N, K] tensors, and no other expert's.
 //
 // torch's paths each cost more than the bytes at these sizes: the grouped products are two oneDNN
 // calls per busy expert (25-35 us each of fixed cost, about what reading half a MiB takes), and the
@@ -7,12 +7,13 @@
 // (a batch-4 Qwen decode step read all 16 experts of every layer for the ~10 that were busy).
 //
 // torch.ops.epd.moe_decode(hidden [T, H], index [T, k] int64, weights [T, k], gate_up [E, 2I, H],
-//                          down [E, H, I]) -> [T, H], all bfloat16 but the weights (bfloat16 or float32)
+//                          down [E, H, I]) -> [T, H]: hidden, gate_up and down all bfloat16 (the
+//   weights bfloat16 or float32) or all float32 (the weights float32),
 //   as transformers' experts forward with gate, up = (x @ gate_up[e]^T).chunk(2), silu(gate) * up,
-//   @ down[e]^T, weighted and summed over each token's k experts; rounded to bfloat16 where the
+//   @ down[e]^T, weighted and summed over each token's k experts; in bfloat16 rounded where the
 //   library's operators round (each product's output, silu's, the gated product's, the weighted
-//   terms as moe_combine does). The dot products sum in another order than oneDNN's, so a value
-//   can differ from the library's by a bfloat16 step.
+//   terms as moe_combine does). The dot products sum in another order than oneDNN's or MKL's, so a
+//   value can differ from the library's by a bfloat16 step (float32: a few units in the last place).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "moe_combine.h"
@@ -34,11 +36,17 @@ using namespace epd_vec;
 constexpr int kMaxRows = 4;     // rows (tokens) of one expert multiplied per pass over its weights
 constexpr int kOutputs = 4;     // outputs computed together, sharing each row chunk's load
 
-// y[r, n] = round_bf16(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
-// kLanes) and n < outputs rows of w (bfloat16, width k); y has `y_stride` floats per row.
-template <int Rows>
-void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs, int64_t k, float* y,
-                        int64_t y_stride) {
+// The dtype's rounding of a float32 result: bfloat16's, or none.
+template <typename T>
+inline float rounded(float x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return round_bf16(x);
+  return x;
+}
+
+// y[r, n] = rounded(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
+// kLanes) and n < outputs rows of w (T, width k); y has `y_stride` floats per row.
+template <int Rows, typename T>
+void rows_times_weights(const float* x, const T* w, int64_t outputs, int64_t k, float* y, int64_t y_stride) {
   int64_t n = 0;
   for (; n + kOutputs <= outputs; n += kOutputs) {
     Vec acc[Rows][kOutputs] = {};
@@ -46,7 +54,7 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
     // are multiplied, as many bytes per step of kLanes as the step reads: one core's loads alone do
     // not keep enough reads in flight to stream DRAM at its bandwidth.
     const char* ahead = reinterpret_cast<const char*>(w + (n + kOutputs) * k);
-    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(c10::BFloat16);  // 128 (AVX-512), 64
+    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(T);  // bfloat16: 128 (AVX-512), 64
     for (int64_t c = 0; c < k; c += kLanes) {
       if (n + 2 * kOutputs <= outputs)
         for (int64_t line = 0; line < kStepBytes; line += 64) __builtin_prefetch(ahead + c / kLanes * kStepBytes + line);
@@ -58,7 +66,7 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
       }
     }
     for (int r = 0; r < Rows; ++r)
-      for (int o = 0; o < kOutputs; ++o) y[r * y_stride + n + o] = round_bf16(sum(acc[r][o]));
+      for (int o = 0; o < kOutputs; ++o) y[r * y_stride + n + o] = rounded<T>(sum(acc[r][o]));
   }
   for (; n < outputs; ++n) {
     Vec acc[Rows] = {};
@@ -66,12 +74,12 @@ void rows_times_weights(const float* x, const c10::BFloat16* w, int64_t outputs,
       const Vec wv = load(w + n * k + c);
       for (int r = 0; r < Rows; ++r) acc[r] += load(x + r * k + c) * wv;
     }
-    for (int r = 0; r < Rows; ++r) y[r * y_stride + n] = round_bf16(sum(acc[r]));
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + n] = rounded<T>(sum(acc[r]));
   }
 }
 
-void times_weights(int rows, const float* x, const c10::BFloat16* w, int64_t outputs, int64_t k, float* y,
-                   int64_t y_stride) {
+template <typename T>
+void times_weights(int rows, const float* x, const T* w, int64_t outputs, int64_t k, float* y, int64_t y_stride) {
   switch (rows) {  // a row count known at compile time, so the sums stay in registers
     case 1: rows_times_weights<1>(x, w, outputs, k, y, y_stride); break;
     case 2: rows_times_weights<2>(x, w, outputs, k, y, y_stride); break;
@@ -80,8 +88,9 @@ void times_weights(int rows, const float* x, const c10::BFloat16* w, int64_t out
   }
 }
 
-inline float silu_bf16(float g) {  // silu rounded to bfloat16, as the library's silu on bfloat16
-  return round_bf16(g / (1.f + exp_any(-g)));
+template <typename T>
+inline float silu(float g) {  // rounded as the library's silu in T
+  return rounded<T>(g / (1.f + exp_any(-g)));
 }
 
 // Up to kMaxRows consecutive pairs (in expert order) of one expert.
@@ -92,8 +101,9 @@ struct Tile {
 // out[q, n0:n0+count] = x[q] . w[n] for the tile's pairs q, over every tile and block of kBlock
 // outputs in parallel: a decode step has a few busy experts, so the work is split by output rows too.
 constexpr int64_t kBlock = 64;
-void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t k, const c10::BFloat16* w,
-                         int64_t outputs, float* out) {
+template <typename T>
+void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t k, const T* w, int64_t outputs,
+                         float* out) {
   const int64_t blocks = (outputs + kBlock - 1) / kBlock;
   at::parallel_for(0, static_cast<int64_t>(tiles.size()) * blocks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t job = begin; job < end; ++job) {
@@ -105,6 +115,7 @@ void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t
   });
 }
 
+template <typename T>
 at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,
                const at::Tensor& gate_up, const at::Tensor& down) {
   const int64_t tokens = hidden.size(0), h = hidden.size(1), top_k = index.size(1), pairs = tokens * top_k;
@@ -125,20 +136,20 @@ at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tens
     for (int64_t first = count[e]; first < count[e + 1]; first += kMaxRows)
       tiles.push_back({e, first, std::min<int64_t>(kMaxRows, count[e + 1] - first)});
   // Each pair's hidden row, widened, in expert order: [P, H].
-  const c10::BFloat16* hid = hidden.data_ptr<c10::BFloat16>();
+  const T* hid = hidden.data_ptr<T>();
   std::vector<float> x(pairs * h), gu(pairs * 2 * inter), act(pairs * inter), y(pairs * h);
   for (int64_t q = 0; q < pairs; ++q)
     for (int64_t d = 0; d < h; ++d) x[q * h + d] = static_cast<float>(hid[(order[q] / top_k) * h + d]);
-  tiles_times_weights(tiles, x.data(), h, gate_up.data_ptr<c10::BFloat16>(), 2 * inter, gu.data());  // [P, 2I]
+  tiles_times_weights(tiles, x.data(), h, gate_up.data_ptr<T>(), 2 * inter, gu.data());  // [P, 2I]
   for (int64_t q = 0; q < pairs; ++q)  // silu(gate) * up, rounded as the library rounds: [P, I]
     for (int64_t i = 0; i < inter; ++i)
-      act[q * inter + i] = round_bf16(silu_bf16(gu[q * 2 * inter + i]) * gu[q * 2 * inter + inter + i]);
-  tiles_times_weights(tiles, act.data(), inter, down.data_ptr<c10::BFloat16>(), h, y.data());  // [P, H]
-  // Each pair's output is a bfloat16 value already (rounded as the library's product output is);
+      act[q * inter + i] = rounded<T>(silu<T>(gu[q * 2 * inter + i]) * gu[q * 2 * inter + inter + i]);
+  tiles_times_weights(tiles, act.data(), inter, down.data_ptr<T>(), h, y.data());  // [P, H]
+  // Each pair's output is a T value already (rounded as the library's product output is);
   // weighted and summed over each token's experts by the combine moe_combine runs.
   at::Tensor rows = at::empty({pairs, h}, hidden.options());  // [P, H] in expert order
-  c10::BFloat16* dst = rows.data_ptr<c10::BFloat16>();
-  for (int64_t i = 0; i < pairs * h; ++i) dst[i] = static_cast<c10::BFloat16>(y[i]);
+  T* dst = rows.data_ptr<T>();
+  for (int64_t i = 0; i < pairs * h; ++i) dst[i] = static_cast<T>(y[i]);
   return epd_moe::combine_rows(rows, place.data(), weights);
 }
 
@@ -146,22 +157,24 @@ at::Tensor moe_decode(const at::Tensor& hidden, const at::Tensor& index, const a
                       const at::Tensor& gate_up, const at::Tensor& down) {
   for (const at::Tensor* t : {&hidden, &index, &weights, &gate_up, &down})
     TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(), "moe_decode takes contiguous CPU tensors");
-  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kBFloat16, "hidden must be [T, H] bfloat16");
+  TORCH_CHECK(hidden.dim() == 2 && (hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kFloat),
+              "hidden must be [T, H] bfloat16 or float32");
+  const auto dtype = hidden.scalar_type();
   TORCH_CHECK(index.dim() == 2 && index.size(0) == hidden.size(0) && index.scalar_type() == at::kLong,
               "index must be [T, k] int64 with T = ", hidden.size(0));
   TORCH_CHECK(weights.sizes() == index.sizes(), "weights have shape ", weights.sizes(), "; expected ", index.sizes());
-  TORCH_CHECK(gate_up.dim() == 3 && down.dim() == 3 && gate_up.scalar_type() == at::kBFloat16 &&
-                  down.scalar_type() == at::kBFloat16,
-              "gate_up and down must be [E, 2I, H] and [E, H, I] bfloat16");
+  TORCH_CHECK(gate_up.dim() == 3 && down.dim() == 3 && gate_up.scalar_type() == dtype && down.scalar_type() == dtype,
+              "gate_up and down must be [E, 2I, H] and [E, H, I] in hidden's dtype, ", dtype);
   const int64_t h = hidden.size(1), inter = down.size(2);
   TORCH_CHECK(gate_up.size(2) == h && gate_up.size(1) == 2 * inter && down.size(1) == h &&
                   down.size(0) == gate_up.size(0),
               "gate_up ", gate_up.sizes(), " and down ", down.sizes(), " do not fit hidden rows of ", h);
   TORCH_CHECK(h % kLanes == 0 && inter % kLanes == 0, "moe_decode needs H and I multiples of ", kLanes, " (got ", h,
               ", ", inter, ")");
-  TORCH_CHECK(weights.scalar_type() == at::kBFloat16 || weights.scalar_type() == at::kFloat,
-              "weights must be bfloat16 or float32, not ", weights.scalar_type());
-  return run(hidden, index, weights, gate_up, down);
+  TORCH_CHECK(weights.scalar_type() == at::kFloat || (dtype == at::kBFloat16 && weights.scalar_type() == at::kBFloat16),
+              "weights must be float32 (or bfloat16 with bfloat16 hidden rows), not ", weights.scalar_type());
+  if (dtype == at::kBFloat16) return run<c10::BFloat16>(hidden, index, weights, gate_up, down);
+  return run<float>(hidden, index, weights, gate_up, down);
 }
 
 }  // namespace

@@ -26,7 +26,8 @@ products unless nearly all are busy), and the padded rows may be at most 4x the 
 row meets the same weights over the same reduction; on that machine the output equalled the
 grouped path's bit for bit, and elsewhere it may differ in the last bfloat16 bit. In float32 MKL
 picks other kernels for the two (differences of 1e-6) and the batched form was 4-9% slower at
-decode, so float32 keeps the grouped products and the library's exact output.
+decode, so float32 keeps the grouped products and the library's exact output (but for decode steps
+under `--kernels native`/`auto`, which moe_decode computes: below).
 
 Registered with transformers' `ExpertsInterface` and chosen with `set_experts_implementation`, the
 library's own switch; the language role installs it (the `hf` baseline keeps the stock path).
@@ -60,8 +61,12 @@ _CALL_COST_BYTES = 1 << 20
 # Qwen 8.6 / 5.9 ms at batch 1, 14.7 / 9.9 at 4, 18.1 / 13.9 at 8, 20.5 / 19.2 at 16, even at 24;
 # Kimi 11.0 / 8.5, 18.0 / 13.3, 20.0 / 16.5, 22.5 / 20.9. Two threads (2 vCPUs), Qwen: 8.8 / 7.0,
 # 12.9 / 11.7, 15.7 / 15.5, 19.0 / 21.6: there it scales less than oneDNN and takes fewer.
+# In float32 (AVX2 Zen 3, /tmp/s29/ab_step.py, one thread), MKL's grouped products against it: Kimi
+# 13.6 / 11.5 ms at batch 1, 25.0 / 19.8 at 4, 35.0 / 27.0 at 8, 50.6 / 36.3 at 16; Qwen 13.3 / 9.5,
+# 24.5 / 17.5, 58.3 / 43.2 at 16; two threads, Kimi at batch 8: 36.3 / 25.0.
 NATIVE_DECODE_PAIRS_PER_EXPERT = 4.0
 NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED = 2.0
+NATIVE_DECODE_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -73,8 +78,8 @@ def grouped_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torc
 def native_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor) -> torch.Tensor:
     """As `grouped_experts_forward`, the rows combined by torch.ops.epd.moe_combine (one pass, same bits);
-    a decode step's few tokens in bfloat16 through torch.ops.epd.moe_decode (each busy expert's weights
-    read once, no other expert's)."""
+    a decode step's few tokens through torch.ops.epd.moe_decode (each busy expert's weights read once,
+    no other expert's; sums in another order than the library's, so not its bits)."""
     if _decodes_natively(self, hidden_states, top_k_index):
         return torch.ops.epd.moe_decode(hidden_states.contiguous(), top_k_index.contiguous(),
                                         top_k_weights.contiguous(), self.gate_up_proj, self.down_proj)
@@ -88,12 +93,14 @@ def _pairs_per_expert() -> float:
 
 
 def _decodes_natively(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor) -> bool:
-    """Whether moe_decode computes this layer's call: a few (token, expert) pairs in bfloat16 on a CPU,
-    the library's layout ([E, 2I, H] and [E, H, I]) and gating (silu(gate) * up, gate first)."""
+    """Whether moe_decode computes this layer's call: a few (token, expert) pairs on a CPU, rows and
+    weights both bfloat16 or both float32, the library's layout ([E, 2I, H] and [E, H, I]) and gating
+    (silu(gate) * up, gate first)."""
     gate_up, down = self.gate_up_proj, self.down_proj
-    return (hidden_states.device.type == "cpu" and hidden_states.dtype == torch.bfloat16
+    return (hidden_states.device.type == "cpu" and hidden_states.dtype in NATIVE_DECODE_DTYPES
             and top_k_index.numel() <= _pairs_per_expert() * self.num_experts
-            and gate_up.dtype == torch.bfloat16 and not _library_only(self)
+            and gate_up.dtype == hidden_states.dtype and down.dtype == hidden_states.dtype
+            and not _library_only(self)
             and not self.is_transposed and isinstance(self.act_fn, (SiLUActivation, torch.nn.SiLU))
             and getattr(self._apply_gate, "__func__", None) is _default_apply_gate
             and gate_up.shape[-1] % 16 == 0 and down.shape[-1] % 16 == 0 and gate_up.is_contiguous()

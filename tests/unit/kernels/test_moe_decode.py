@@ -1,6 +1,6 @@
 """The native decode-sized MoE experts (epd/kernels/moe_decode.cpp) against transformers' grouped path on
-random layers in bfloat16: equal within bfloat16 rounding; its routing in epd.models.experts; its refusals.
-Model-free."""
+random layers: equal within bfloat16 rounding in bfloat16, within float32 rounding in float32; its
+routing in epd.models.experts; its refusals. Model-free."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ def _layer(hidden: int = 64, intermediate: int = 32, num_experts: int = 8) -> Qw
     return layer.to(torch.bfloat16)
 
 
-def _routing(tokens: int, num_experts: int, weight_dtype: torch.dtype, seed: int):
+def _routing(tokens: int, num_experts: int, weight_dtype: torch.dtype, seed: int, dtype=torch.bfloat16):
     gen = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(tokens, 64, generator=gen).to(torch.bfloat16)  # [T, H]
+    hidden = torch.randn(tokens, 64, generator=gen).to(dtype)  # [T, H]
     index = torch.stack([torch.randperm(num_experts, generator=gen)[:4] for _ in range(tokens)])  # [T, 4]
     weights = torch.softmax(torch.randn(tokens, 4, generator=gen), dim=-1).to(weight_dtype)  # [T, 4]
     return hidden, index, weights
@@ -53,7 +53,20 @@ def test_equals_the_library_within_bfloat16_rounding(tokens, weight_dtype):
     assert (got == want).float().mean() > 0.8
 
 
-def test_decode_steps_take_it_and_prompts_and_float32_do_not(monkeypatch):
+@pytest.mark.parametrize("tokens", [1, 7, 16])
+def test_equals_the_library_within_float32_rounding(tokens):
+    layer = _layer().float()
+    hidden, index, weights = _routing(tokens, layer.num_experts, torch.float32, seed=tokens, dtype=torch.float32)
+    with torch.inference_mode():
+        got = torch.ops.epd.moe_decode(hidden, index, weights, layer.gate_up_proj, layer.down_proj)
+        want = grouped_mm_experts_forward(layer, hidden, index, weights)
+    assert got.dtype == torch.float32 and got.shape == (tokens, 64)
+    # No rounding to bfloat16 anywhere (an error of a bfloat16 step, 4e-3, would fail this); the sums
+    # run in another order than MKL's, so not the same bits.
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_steps_take_it_and_prompts_do_not(monkeypatch):
     monkeypatch.setattr(experts, "_pairs_per_expert", lambda: experts.NATIVE_DECODE_PAIRS_PER_EXPERT)  # one thread
     layer = _layer()
     hidden, index, weights = _routing(4, layer.num_experts, torch.bfloat16, seed=0)
@@ -62,7 +75,8 @@ def test_decode_steps_take_it_and_prompts_and_float32_do_not(monkeypatch):
     assert experts._decodes_natively(layer, *_routing(most_tokens, layer.num_experts, torch.bfloat16, seed=1)[:2])
     prompt = _routing(most_tokens + 1, layer.num_experts, torch.bfloat16, seed=1)
     assert not experts._decodes_natively(layer, prompt[0], prompt[1])  # a prompt: the batched products
-    assert not experts._decodes_natively(_layer().float(), hidden.float(), index)  # float32: the library's bits
+    assert experts._decodes_natively(_layer().float(), hidden.float(), index)  # float32 too
+    assert not experts._decodes_natively(_layer().float(), hidden, index)  # bfloat16 rows, float32 weights
     with torch.inference_mode():
         got = experts.native_experts_forward(layer, hidden, index, weights)
         assert torch.equal(got, torch.ops.epd.moe_decode(hidden, index, weights, layer.gate_up_proj, layer.down_proj))
@@ -77,11 +91,15 @@ def test_refusals_say_what_is_wrong():
         bad[1, 2] = 8
         torch.ops.epd.moe_decode(hidden, bad, weights, up, down)
     with pytest.raises(RuntimeError, match="hidden must be"):
-        torch.ops.epd.moe_decode(hidden.float(), index, weights, up, down)
+        torch.ops.epd.moe_decode(hidden.half(), index, weights, up, down)
+    with pytest.raises(RuntimeError, match="in hidden's dtype, Float"):
+        torch.ops.epd.moe_decode(hidden.float(), index, weights.float(), up, down)
     with pytest.raises(RuntimeError, match="do not fit hidden rows of 48"):
         torch.ops.epd.moe_decode(hidden[:, :48].contiguous(), index, weights, up, down)
-    with pytest.raises(RuntimeError, match="weights must be bfloat16 or float32"):
+    with pytest.raises(RuntimeError, match="weights must be float32"):
         torch.ops.epd.moe_decode(hidden, index, weights.half(), up, down)
+    with pytest.raises(RuntimeError, match="weights must be float32"):  # float32 rows: float32 weights
+        torch.ops.epd.moe_decode(hidden.float(), index, weights, up.float(), down.float())
 
 
 def test_several_threads_take_fewer_pairs():
