@@ -50,14 +50,15 @@ void rows_times_weights(const float* x, const T* w, int64_t outputs, int64_t k, 
   int64_t n = 0;
   for (; n + kOutputs <= outputs; n += kOutputs) {
     Vec acc[Rows][kOutputs] = {};
-    // The next kOutputs weight rows (contiguous: kOutputs * k * 2 bytes) are asked for while these
-    // are multiplied, as many bytes per step of kLanes as the step reads: one core's loads alone do
-    // not keep enough reads in flight to stream DRAM at its bandwidth.
+    // The next kOutputs weight rows (contiguous: kOutputs * k * sizeof(T) bytes) are asked for while
+    // these are multiplied, as many bytes per step of kLanes as the step reads: one core's loads
+    // alone do not keep enough reads in flight to stream DRAM at its bandwidth.
     const char* ahead = reinterpret_cast<const char*>(w + (n + kOutputs) * k);
-    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(T);  // bfloat16: 128 (AVX-512), 64
+    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(T);  // cache lines of 64 bytes: 1-4
     for (int64_t c = 0; c < k; c += kLanes) {
       if (n + 2 * kOutputs <= outputs)
-        for (int64_t line = 0; line < kStepBytes; line += 64) __builtin_prefetch(ahead + c / kLanes * kStepBytes + line);
+        for (int64_t line = 0; line < kStepBytes; line += 64)
+          __builtin_prefetch(ahead + c / kLanes * kStepBytes + line);
       Vec wv[kOutputs];
       for (int o = 0; o < kOutputs; ++o) wv[o] = load(w + (n + o) * k + c);
       for (int r = 0; r < Rows; ++r) {
