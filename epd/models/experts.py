@@ -61,11 +61,15 @@ _CALL_COST_BYTES = 1 << 20
 # Qwen 8.6 / 5.9 ms at batch 1, 14.7 / 9.9 at 4, 18.1 / 13.9 at 8, 20.5 / 19.2 at 16, even at 24;
 # Kimi 11.0 / 8.5, 18.0 / 13.3, 20.0 / 16.5, 22.5 / 20.9. Two threads (2 vCPUs), Qwen: 8.8 / 7.0,
 # 12.9 / 11.7, 15.7 / 15.5, 19.0 / 21.6: there it scales less than oneDNN and takes fewer.
-# In float32 (AVX2 Zen 3, /tmp/s29/ab_step.py, one thread), MKL's grouped products against it: Kimi
-# 13.6 / 11.5 ms at batch 1, 25.0 / 19.8 at 4, 35.0 / 27.0 at 8, 50.6 / 36.3 at 16; Qwen 13.3 / 9.5,
-# 24.5 / 17.5, 58.3 / 43.2 at 16; two threads, Kimi at batch 8: 36.3 / 25.0.
 NATIVE_DECODE_PAIRS_PER_EXPERT = 4.0
 NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED = 2.0
+# In float32 MKL's per-call cost is higher than oneDNN's bfloat16 one and moe_decode wins further out
+# (AVX2 Zen 3, /tmp/s29/ab_step.py and ab_thr*.py, whole steps interleaved in one process), MKL's
+# grouped products against it: one thread, Kimi 13.6 / 11.5 ms at batch 1, 25.0 / 19.8 at 4, 35.0 /
+# 27.0 at 8, 50.6 / 36.3 at 16, 72.8 / 58.8 at 32 (8 pairs per expert); Qwen 13.3 / 9.5, 24.5 /
+# 17.5, 58.3 / 43.2 at 16. Two threads, batch 16: Kimi 45.0 / 35.0, Qwen 58.5 / 36.1; Kimi at 32:
+# 65.7 / 61.1.
+NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32 = 8.0
 NATIVE_DECODE_DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -86,8 +90,10 @@ def native_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine)
 
 
-def _pairs_per_expert() -> float:
-    """The most pairs per expert moe_decode takes on the calling thread's OpenMP threads."""
+def _pairs_per_expert(dtype: torch.dtype) -> float:
+    """The most pairs per expert moe_decode takes in `dtype` on the calling thread's OpenMP threads."""
+    if dtype == torch.float32:
+        return NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32
     one = torch.get_num_threads() == 1
     return NATIVE_DECODE_PAIRS_PER_EXPERT if one else NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED
 
@@ -98,7 +104,7 @@ def _decodes_natively(self, hidden_states: torch.Tensor, top_k_index: torch.Tens
     (silu(gate) * up, gate first)."""
     gate_up, down = self.gate_up_proj, self.down_proj
     return (hidden_states.device.type == "cpu" and hidden_states.dtype in NATIVE_DECODE_DTYPES
-            and top_k_index.numel() <= _pairs_per_expert() * self.num_experts
+            and top_k_index.numel() <= _pairs_per_expert(hidden_states.dtype) * self.num_experts
             and gate_up.dtype == hidden_states.dtype and down.dtype == hidden_states.dtype
             and not _library_only(self)
             and not self.is_transposed and isinstance(self.act_fn, (SiLUActivation, torch.nn.SiLU))

@@ -66,8 +66,15 @@ def test_equals_the_library_within_float32_rounding(tokens):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_decode_steps_take_it_and_prompts_do_not(monkeypatch):
-    monkeypatch.setattr(experts, "_pairs_per_expert", lambda: experts.NATIVE_DECODE_PAIRS_PER_EXPERT)  # one thread
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_decode_steps_take_it_and_prompts_do_not(one_thread):
     layer = _layer()
     hidden, index, weights = _routing(4, layer.num_experts, torch.bfloat16, seed=0)
     assert experts._decodes_natively(layer, hidden, index)  # 16 pairs for 8 experts, in bfloat16
@@ -77,6 +84,10 @@ def test_decode_steps_take_it_and_prompts_do_not(monkeypatch):
     assert not experts._decodes_natively(layer, prompt[0], prompt[1])  # a prompt: the batched products
     assert experts._decodes_natively(_layer().float(), hidden.float(), index)  # float32 too
     assert not experts._decodes_natively(_layer().float(), hidden, index)  # bfloat16 rows, float32 weights
+    most_float32 = int(experts.NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32 * layer.num_experts) // 4
+    for tokens, taken in ((most_float32, True), (most_float32 + 1, False)):
+        rows, experts_of = _routing(tokens, layer.num_experts, torch.float32, seed=2, dtype=torch.float32)[:2]
+        assert experts._decodes_natively(_layer().float(), rows, experts_of) is taken
     with torch.inference_mode():
         got = experts.native_experts_forward(layer, hidden, index, weights)
         assert torch.equal(got, torch.ops.epd.moe_decode(hidden, index, weights, layer.gate_up_proj, layer.down_proj))
@@ -106,8 +117,10 @@ def test_several_threads_take_fewer_pairs():
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert experts._pairs_per_expert() == experts.NATIVE_DECODE_PAIRS_PER_EXPERT
+        assert experts._pairs_per_expert(torch.bfloat16) == experts.NATIVE_DECODE_PAIRS_PER_EXPERT
         torch.set_num_threads(2)
-        assert experts._pairs_per_expert() == experts.NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED
+        assert experts._pairs_per_expert(torch.bfloat16) == experts.NATIVE_DECODE_PAIRS_PER_EXPERT_THREADED
+        # float32: MKL's calls cost more than oneDNN's bfloat16 ones; the kernel wins further out on any count
+        assert experts._pairs_per_expert(torch.float32) == experts.NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32
     finally:
         torch.set_num_threads(threads)
