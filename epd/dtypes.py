@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-from pathlib import Path
+
+from epd.cpuinfo import cpu_flags
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def resolve_dtype(name: str, device=None):
     if name == "auto":
         return torch.bfloat16 if device is not None and torch.device(device).type == "cuda" else torch.float32
     on_cpu = device is None or torch.device(device).type == "cpu"
-    if on_cpu and (warning := slow_on_cpu(name, _cpu_flags())):
+    if on_cpu and (warning := slow_on_cpu(name, cpu_flags())):
         log.warning(warning)
     return getattr(torch, name)
 
@@ -44,15 +44,3 @@ def slow_on_cpu(name: str, cpu_flags: frozenset[str] | None) -> str | None:
     return (f"--dtype {name} on a CPU without {' / '.join(wanted[:2])}: torch converts every element in "
             f"software, so matrix products run several times slower than in float32 (7-8x on an AVX2 "
             f"Zen 3); --dtype float32 (the CPU default) is faster here")
-
-
-@functools.cache
-def _cpu_flags() -> frozenset[str] | None:
-    """This CPU's feature flags from /proc/cpuinfo (x86 `flags`, ARM `Features`), or None."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return None

@@ -58,7 +58,7 @@ void rows_times_weights(const float* x, const T* w, int64_t outputs, int64_t k, 
     for (int64_t c = 0; c < k; c += kLanes) {
       if (n + 2 * kOutputs <= outputs)
         for (int64_t line = 0; line < kStepBytes; line += 64)
-          __builtin_prefetch(ahead + c / kLanes * kStepBytes + line);
+          __builtin_prefetch(ahead + c * kOutputs * sizeof(T) + line);
       Vec wv[kOutputs];
       for (int o = 0; o < kOutputs; ++o) wv[o] = load(w + (n + o) * k + c);
       for (int r = 0; r < Rows; ++r) {
@@ -138,20 +138,18 @@ at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tens
       tiles.push_back({e, first, std::min<int64_t>(kMaxRows, count[e + 1] - first)});
   // Each pair's hidden row, widened, in expert order: [P, H].
   const T* hid = hidden.data_ptr<T>();
-  std::vector<float> x(pairs * h), gu(pairs * 2 * inter), act(pairs * inter), y(pairs * h);
+  std::vector<float> x(pairs * h), gu(pairs * 2 * inter), act(pairs * inter);
+  at::Tensor y = at::empty({pairs, h}, hidden.options().dtype(at::kFloat));  // [P, H] in expert order
   for (int64_t q = 0; q < pairs; ++q)
     for (int64_t d = 0; d < h; ++d) x[q * h + d] = static_cast<float>(hid[(order[q] / top_k) * h + d]);
   tiles_times_weights(tiles, x.data(), h, gate_up.data_ptr<T>(), 2 * inter, gu.data());  // [P, 2I]
   for (int64_t q = 0; q < pairs; ++q)  // silu(gate) * up, rounded as the library rounds: [P, I]
     for (int64_t i = 0; i < inter; ++i)
       act[q * inter + i] = rounded<T>(silu<T>(gu[q * 2 * inter + i]) * gu[q * 2 * inter + inter + i]);
-  tiles_times_weights(tiles, act.data(), inter, down.data_ptr<T>(), h, y.data());  // [P, H]
-  // Each pair's output is a T value already (rounded as the library's product output is);
-  // weighted and summed over each token's experts by the combine moe_combine runs.
-  at::Tensor rows = at::empty({pairs, h}, hidden.options());  // [P, H] in expert order
-  T* dst = rows.data_ptr<T>();
-  for (int64_t i = 0; i < pairs * h; ++i) dst[i] = static_cast<T>(y[i]);
-  return epd_moe::combine_rows(rows, place.data(), weights);
+  tiles_times_weights(tiles, act.data(), inter, down.data_ptr<T>(), h, y.data_ptr<float>());
+  // Each pair's output is a T value already (rounded as the library's product output is), so the
+  // conversion is exact; weighted and summed over each token's experts by moe_combine's combine.
+  return epd_moe::combine_rows(y.to(hidden.scalar_type()), place.data(), weights);
 }
 
 at::Tensor moe_decode(const at::Tensor& hidden, const at::Tensor& index, const at::Tensor& weights,

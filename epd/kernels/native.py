@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from epd.cpuinfo import cpu_flags
+
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
@@ -54,14 +56,7 @@ def cache_dir() -> Path:
 
 def cpu_digest() -> str:
     """A short digest of the CPU's architecture and feature flags (what -march=native compiles for)."""
-    flags = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                flags = line
-                break
-    except OSError:
-        pass
+    flags = " ".join(sorted(cpu_flags() or ()))
     return hashlib.sha256(f"{platform.machine()}|{flags}".encode()).hexdigest()[:12]
 
 

