@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from epd import metrics
-from epd.engine import attention, fused_norm, mla
+from epd.engine import attention, decode_linear, fused_norm, mla
 from epd.engine.block_manager import BlockManager
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
@@ -92,6 +92,7 @@ class Engine:
         native = use_native_kernels(config.kernels, self.cache.device, dtype)  # builds them on a first start
         if native:
             fused_norm.install(language.model)
+            decode_linear.install(language.model)
             experts.install_native(language.model)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)

@@ -3,10 +3,10 @@ engine start, and logged.
 
 The kernels: the decode attention reading the KV pool in place (attention.pool_decode_attention,
 instead of gathering every context and two products), the language model's RMSNorm in one call
-(fused_norm.py), the MoE experts' weighted sum in one, and a decode step's experts in bfloat16
-(epd.models.experts). `auto` (the default) takes them where they run (a CPU model of float32 or
-bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
-never builds them. On a GPU the model stays with torch's kernels.
+(fused_norm.py), the MoE experts' weighted sum in one, a decode step's experts (epd.models.experts)
+and, in float32, its dense layers (decode_linear.py). `auto` (the default) takes them where they
+run (a CPU model of float32 or bfloat16) and build and pass their self-check; `native` refuses to
+start without them; `torch` never builds them. On a GPU the model stays with torch's kernels.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> b
     if reason is None:
         reason = self_check(dtype)
     if reason is None:
-        log.info("kernels: native (decode attention in place, fused RMSNorm, MoE combine and decode experts; %s)",
-                 dtype)
+        log.info("kernels: native (decode attention in place, fused RMSNorm, MoE combine and decode experts%s; %s)",
+                 ", decode linears" if dtype == torch.float32 else "", dtype)
         return True
     if mode == "native":
         raise RuntimeError(f"--kernels native: {reason}")
@@ -93,6 +93,9 @@ def _self_check_results(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, tor
     gate_up, down = (torch.randn(4, *shape, generator=gen).mul(0.3).to(dtype) for shape in ((32, 32), (32, 16)))
     results["moe_decode"] = (torch.ops.epd.moe_decode(hidden, index, routing, gate_up, down),
                              reference_moe_decode(hidden, index, routing, gate_up, down))
+    if dtype == torch.float32:  # the dense decode product is float32's only (epd.engine.decode_linear)
+        weight = torch.randn(37, 32, generator=gen)  # [N, K]: a remainder of every block it computes
+        results["linear_decode"] = (torch.ops.epd.linear_decode(hidden, weight), hidden @ weight.T)
     return results
 
 

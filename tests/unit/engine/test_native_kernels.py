@@ -65,3 +65,10 @@ def test_a_kernel_that_raises_in_the_self_check_is_not_used(monkeypatch):
     monkeypatch.setattr(native_kernels, "reference_rms_norm", broken)
     assert native_kernels.self_check(torch.float32) == (
         "the built kernels raised in their self-check: RuntimeError: no such op")
+
+
+@pytest.mark.parametrize(("dtype", "linear"), [(torch.float32, {"linear_decode"}), (torch.bfloat16, set())])
+def test_the_self_check_covers_every_kernel_the_dtype_runs(dtype, linear):
+    assert native.load_kernels().ok
+    assert set(native_kernels._self_check_results(dtype)) == {
+        "paged_decode", "rms_norm", "moe_combine", "moe_decode"} | linear

@@ -1,0 +1,77 @@
+// y = x w^T for a few rows of x, streaming w once: what a decode step's products are (a handful of
+// tokens against a weight matrix read from DRAM). Shared by moe_decode (each busy expert's rows) and
+// linear_decode (a dense layer's).
+//
+// Every (row, output) pair sums k/kLanes vector products in its own accumulator and adds the lanes
+// with a halving tree; the order differs from MKL's or oneDNN's, so results differ from theirs by a
+// few units in float32's last place (bfloat16: by a rounding step, where `rounded` rounds).
+#pragma once
+
+#include <c10/util/BFloat16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "vec.h"
+
+namespace epd_rows {
+
+using namespace epd_vec;
+
+constexpr int kMaxRows = 4;     // rows (tokens) multiplied per pass over the weights
+constexpr int kOutputs = 4;     // outputs computed together, sharing each row chunk's load
+
+// The dtype's rounding of a float32 result: bfloat16's, or none.
+template <typename T>
+inline float rounded(float x) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return round_bf16(x);
+  return x;
+}
+
+// y[r, n] = rounded(x[r, :] . w[n, :]) for `Rows` rows of x (float32, width k, k a multiple of
+// kLanes) and n < outputs rows of w (T, width k); y has `y_stride` floats per row.
+template <int Rows, typename T>
+inline void rows_times_weights(const float* x, const T* w, int64_t outputs, int64_t k, float* y, int64_t y_stride) {
+  int64_t n = 0;
+  for (; n + kOutputs <= outputs; n += kOutputs) {
+    Vec acc[Rows][kOutputs] = {};
+    // The next kOutputs weight rows (contiguous: kOutputs * k * sizeof(T) bytes) are asked for while
+    // these are multiplied, as many bytes per step of kLanes as the step reads: one core's loads
+    // alone do not keep enough reads in flight to stream DRAM at its bandwidth.
+    const char* ahead = reinterpret_cast<const char*>(w + (n + kOutputs) * k);
+    constexpr int64_t kStepBytes = kOutputs * kLanes * sizeof(T);  // cache lines of 64 bytes: 1-4
+    for (int64_t c = 0; c < k; c += kLanes) {
+      if (n + 2 * kOutputs <= outputs)
+        for (int64_t line = 0; line < kStepBytes; line += 64)
+          __builtin_prefetch(ahead + c * kOutputs * sizeof(T) + line);
+      Vec wv[kOutputs];
+      for (int o = 0; o < kOutputs; ++o) wv[o] = load(w + (n + o) * k + c);
+      for (int r = 0; r < Rows; ++r) {
+        const Vec xv = load(x + r * k + c);
+        for (int o = 0; o < kOutputs; ++o) acc[r][o] += xv * wv[o];
+      }
+    }
+    for (int r = 0; r < Rows; ++r)
+      for (int o = 0; o < kOutputs; ++o) y[r * y_stride + n + o] = rounded<T>(sum(acc[r][o]));
+  }
+  for (; n < outputs; ++n) {
+    Vec acc[Rows] = {};
+    for (int64_t c = 0; c < k; c += kLanes) {
+      const Vec wv = load(w + n * k + c);
+      for (int r = 0; r < Rows; ++r) acc[r] += load(x + r * k + c) * wv;
+    }
+    for (int r = 0; r < Rows; ++r) y[r * y_stride + n] = rounded<T>(sum(acc[r]));
+  }
+}
+
+template <typename T>
+inline void times_weights(int rows, const float* x, const T* w, int64_t outputs, int64_t k, float* y, int64_t y_stride) {
+  switch (rows) {  // a row count known at compile time, so the sums stay in registers
+    case 1: rows_times_weights<1>(x, w, outputs, k, y, y_stride); break;
+    case 2: rows_times_weights<2>(x, w, outputs, k, y, y_stride); break;
+    case 3: rows_times_weights<3>(x, w, outputs, k, y, y_stride); break;
+    default: rows_times_weights<4>(x, w, outputs, k, y, y_stride); break;
+  }
+}
+
+}  // namespace epd_rows
