@@ -40,6 +40,7 @@ SHAPES = {  # heads, kv_heads, dim_a, dim_b, dim_v, values are key_a
     "latent attention (Kimi small: [latent | roped key], values = latent)": (8, 1, 128, 32, 128, True),
     "widths not a multiple of 16 (Kimi tiny)": (4, 1, 32, 8, 32, True),
     "odd widths, one head per key head": (3, 3, 24, 0, 20, False),
+    "12 heads per key head: scored as 8 and 4": (12, 1, 32, 0, 32, False),
 }
 
 
