@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -104,7 +105,7 @@ class Controller:
         return {"url": self.url, "grpc_address": self.grpc_address}
 
     def stop(self) -> None:
-        """Router first (no new work), then every worker."""
+        """Router first (no new work), then every worker, then the folder of the workers file."""
         self._stopping.set()
         with self._scaling:
             if self.router:
@@ -114,6 +115,7 @@ class Controller:
                 self.actors.clear()
                 self.members.clear()
             self._stop_actors([handle for _, handle in actors])
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     # --- scaling ----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -21,6 +22,7 @@ class ChildProcess:
     def __init__(self, name: str, args: list[str], role: str, run_dir: str | None = None) -> None:
         """Start `epd ARGS`; `args` must contain `--ready-file {ready}` where {ready} is replaced."""
         self.name = name
+        self._owns_run_dir = run_dir is None  # a folder of its own goes when it stops; a given one stays
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix=f"epd-ray-{name}-"))
         self.ready_file = self.run_dir / f"{name}.json"
         args = [str(self.ready_file) if a == "{ready}" else a for a in args]
@@ -49,10 +51,19 @@ class ChildProcess:
         try:
             return wait_for_file(self.ready_file, timeout_s, self.check_alive)
         except StartupFailed as exc:  # timed out (a death raises from check_alive): stop it, show its output
+            self._terminate()
+            tail = self.log_tail()
             self.stop()
-            raise RuntimeError(f"{exc}:\n{self.log_tail()}") from None
+            raise RuntimeError(f"{exc}:\n{tail}") from None
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
+        """`_terminate`, then the folder (ready file and log) goes, if this made it."""
+        self._terminate(timeout_s)
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        return self.proc.returncode
+
+    def _terminate(self, timeout_s: float = 10.0) -> None:
         """SIGTERM (a worker finishes the calls it has, bounded), then SIGKILL after `timeout_s`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -62,4 +73,3 @@ class ChildProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         self._log.close()
-        return self.proc.returncode

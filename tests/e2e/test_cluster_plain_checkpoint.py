@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -46,9 +48,18 @@ def test_a_killed_launcher_takes_its_workers_with_it(plain):
     _, _, cluster = plain
     children = cluster.worker_pids()
     assert len(children) == 4
+    # The launcher's folder of ready files, which its SIGKILL leaves behind: removed here, not by it.
+    run_dir = Path(_ready_file(cmdline(children[0]))).parent
+    assert run_dir.name.startswith("epd-serve-")
     os.kill(cluster.proc.pid, signal.SIGKILL)
     cluster.proc.wait(10)
     deadline = time.monotonic() + 15
     while any(alive(p) for p in children):
         assert time.monotonic() < deadline, [cmdline(p) for p in children if alive(p)]
         time.sleep(0.1)
+    shutil.rmtree(run_dir)
+
+
+def _ready_file(command_line: str) -> str:
+    words = command_line.split()
+    return words[words.index("--ready-file") + 1]
