@@ -18,18 +18,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from epd.kernels import WIDTH_MULTIPLE
 from epd.models.rerouting import reroute
 
 MAX_ROWS = 8
-# The kernel multiplies in vectors of 8 (AVX2, NEON) or 16 (AVX-512) floats and has no remainder loop.
-_WIDTH_MULTIPLE = 16
 
 
 def takes(module: torch.nn.Module) -> bool:
     """A bias-free float32 nn.Linear on a CPU whose input width the kernel divides evenly; pure."""
     return (type(module) is torch.nn.Linear and module.bias is None and module.weight.dtype == torch.float32
             and module.weight.device.type == "cpu" and module.weight.is_contiguous()
-            and module.in_features % _WIDTH_MULTIPLE == 0)
+            and module.in_features % WIDTH_MULTIPLE == 0)
 
 
 def decode_linear_forward(self, x: torch.Tensor) -> torch.Tensor:

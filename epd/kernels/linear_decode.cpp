@@ -9,23 +9,18 @@
 // torch.ops.epd.linear_decode(x [T, K], w [N, K]) -> [T, N], all float32, as F.linear(x, w) up to
 // the order of each dot product's sum (a few units in the last place).
 
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "row_products.h"
 
 namespace {
 
 using namespace epd_rows;
-
-// Outputs per parallel job: 64 rows of w (128 KiB at K = 512) stay in L2 while every tile of
-// kMaxRows rows of x passes over them.
-constexpr int64_t kBlock = 64;
 
 at::Tensor linear_decode(const at::Tensor& x, const at::Tensor& w) {
   TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && x.is_contiguous() && w.is_contiguous(),
@@ -36,18 +31,10 @@ at::Tensor linear_decode(const at::Tensor& x, const at::Tensor& w) {
               " are not [T, K] and [N, K]");
   const int64_t rows = x.size(0), k = x.size(1), outputs = w.size(0);
   TORCH_CHECK(k % kLanes == 0, "linear_decode needs K a multiple of ", kLanes, " (got ", k, ")");
+  std::vector<Tile> tiles;  // every row against the one weight, as "expert" 0
+  append_tiles(tiles, 0, 0, rows);
   at::Tensor y = at::empty({rows, outputs}, x.options());  // [T, N]
-  const float *xs = x.data_ptr<float>(), *ws = w.data_ptr<float>();
-  float* ys = y.data_ptr<float>();
-  const int64_t blocks = (outputs + kBlock - 1) / kBlock;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      const int64_t n0 = block * kBlock, count = std::min(kBlock, outputs - n0);
-      for (int64_t r = 0; r < rows; r += kMaxRows)
-        times_weights(static_cast<int>(std::min<int64_t>(kMaxRows, rows - r)), xs + r * k, ws + n0 * k, count, k,
-                      ys + r * outputs + n0, outputs);
-    }
-  });
+  tiles_times_weights(tiles, x.data_ptr<float>(), k, w.data_ptr<float>(), outputs, y.data_ptr<float>());
   return y;
 }
 

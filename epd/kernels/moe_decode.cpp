@@ -23,43 +23,18 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "moe_combine.h"
 #include "row_products.h"
-#include "vec.h"
 
 namespace {
 
-using namespace epd_vec;
 using namespace epd_rows;
 
 template <typename T>
 inline float silu(float g) {  // rounded as the library's silu in T
   return rounded<T>(g / (1.f + exp_any(-g)));
-}
-
-// Up to kMaxRows consecutive pairs (in expert order) of one expert.
-struct Tile {
-  int64_t expert, first, rows;
-};
-
-// out[q, n0:n0+count] = x[q] . w[n] for the tile's pairs q, over every tile and block of kBlock
-// outputs in parallel: a decode step has a few busy experts, so the work is split by output rows too.
-constexpr int64_t kBlock = 64;
-template <typename T>
-void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t k, const T* w, int64_t outputs,
-                         float* out) {
-  const int64_t blocks = (outputs + kBlock - 1) / kBlock;
-  at::parallel_for(0, static_cast<int64_t>(tiles.size()) * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t job = begin; job < end; ++job) {
-      const Tile& tile = tiles[job / blocks];
-      const int64_t n0 = (job % blocks) * kBlock, count = std::min(kBlock, outputs - n0);
-      times_weights(static_cast<int>(tile.rows), x + tile.first * k, w + (tile.expert * outputs + n0) * k, count, k,
-                    out + tile.first * outputs + n0, outputs);
-    }
-  });
 }
 
 template <typename T>
@@ -79,9 +54,7 @@ at::Tensor run(const at::Tensor& hidden, const at::Tensor& index, const at::Tens
   std::vector<int64_t> next(count.begin(), count.end() - 1);
   for (int64_t p = 0; p < pairs; ++p) order[place[p] = next[idx[p]]++] = p;
   std::vector<Tile> tiles;
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t first = count[e]; first < count[e + 1]; first += kMaxRows)
-      tiles.push_back({e, first, std::min<int64_t>(kMaxRows, count[e + 1] - first)});
+  for (int64_t e = 0; e < experts; ++e) append_tiles(tiles, e, count[e], count[e + 1]);
   // Each pair's hidden row, widened, in expert order: [P, H].
   const T* hid = hidden.data_ptr<T>();
   std::vector<float> x(pairs * h), gu(pairs * 2 * inter), act(pairs * inter);

@@ -114,7 +114,9 @@ void attend_group(const T* query, const T* key_a, const T* key_b, const T* value
                   std::vector<float>& scores) {
   const int64_t group = s.q_heads / s.kv_heads, dim_q = s.dim_a + s.dim_b;
   const int64_t A = chunks(s.dim_a), B = chunks(s.dim_b), V = chunks(s.dim_v), W = A + B;
-  vecs.assign(group * (W + V) + kScoreSums * W, Vec{});
+  // Zeros once per thread (resize value-initializes); every later job writes what it reads, but for
+  // rows past a pass's count, whose sums are dropped.
+  vecs.resize(group * (W + V) + kScoreSums * W);
   scores.resize(group * len);
   Vec* q = vecs.data();             // [G, W] scaled queries, zero past each part's width
   Vec* acc = q + group * W;         // [G, V] weighted sums of values

@@ -1,16 +1,19 @@
 // y = x w^T for a few rows of x, streaming w once: what a decode step's products are (a handful of
 // tokens against a weight matrix read from DRAM). Shared by moe_decode (each busy expert's rows) and
-// linear_decode (a dense layer's).
+// linear_decode (a dense layer's, as one expert).
 //
 // Every (row, output) pair sums k/kLanes vector products in its own accumulator and adds the lanes
 // with a halving tree; the order differs from MKL's or oneDNN's, so results differ from theirs by a
 // few units in float32's last place (bfloat16: by a rounding step, where `rounded` rounds).
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "vec.h"
 
@@ -65,13 +68,45 @@ inline void rows_times_weights(const float* x, const T* w, int64_t outputs, int6
 }
 
 template <typename T>
-inline void times_weights(int rows, const float* x, const T* w, int64_t outputs, int64_t k, float* y, int64_t y_stride) {
+inline void times_weights(int rows, const float* x, const T* w, int64_t outputs, int64_t k, float* y,
+                          int64_t y_stride) {
   switch (rows) {  // a row count known at compile time, so the sums stay in registers
     case 1: rows_times_weights<1>(x, w, outputs, k, y, y_stride); break;
     case 2: rows_times_weights<2>(x, w, outputs, k, y, y_stride); break;
     case 3: rows_times_weights<3>(x, w, outputs, k, y, y_stride); break;
     default: rows_times_weights<4>(x, w, outputs, k, y, y_stride); break;
   }
+}
+
+// Up to kMaxRows consecutive rows of x (for moe_decode: pairs, in expert order) that multiply one
+// expert's weights ([E, outputs, k]; a dense layer is expert 0).
+struct Tile {
+  int64_t expert, first, rows;
+};
+
+// Rows [begin, end) of x against `expert`, as tiles of up to kMaxRows rows.
+inline void append_tiles(std::vector<Tile>& tiles, int64_t expert, int64_t begin, int64_t end) {
+  for (int64_t first = begin; first < end; first += kMaxRows)
+    tiles.push_back({expert, first, std::min<int64_t>(kMaxRows, end - first)});
+}
+
+// out[q, n0:n0+count] = x[q] . w[expert][n] for every tile's rows q, over every block of kBlock
+// outputs and tile in parallel: a decode step has a few rows (and busy experts), so the work is split
+// by output rows too. Block-major: the tiles of one block run one after another, so an expert's 64
+// weight rows (128 KiB at k = 512, float32) are still in L2 when its next tile passes over them.
+constexpr int64_t kBlock = 64;
+template <typename T>
+void tiles_times_weights(const std::vector<Tile>& tiles, const float* x, int64_t k, const T* w, int64_t outputs,
+                         float* out) {
+  const int64_t blocks = (outputs + kBlock - 1) / kBlock, count_tiles = static_cast<int64_t>(tiles.size());
+  at::parallel_for(0, blocks * count_tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t job = begin; job < end; ++job) {
+      const Tile& tile = tiles[job % count_tiles];
+      const int64_t n0 = (job / count_tiles) * kBlock, count = std::min(kBlock, outputs - n0);
+      times_weights(static_cast<int>(tile.rows), x + tile.first * k, w + (tile.expert * outputs + n0) * k, count, k,
+                    out + tile.first * outputs + n0, outputs);
+    }
+  });
 }
 
 }  // namespace epd_rows

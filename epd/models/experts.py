@@ -47,6 +47,7 @@ from transformers.integrations.moe import (
     grouped_mm_experts_forward,
 )
 
+from epd.kernels import WIDTH_MULTIPLE
 from epd.models.shape_buckets import bucket_rows
 
 NAME = "epd_grouped_mm"
@@ -109,8 +110,8 @@ def _decodes_natively(self, hidden_states: torch.Tensor, top_k_index: torch.Tens
             and not _library_only(self)
             and not self.is_transposed and isinstance(self.act_fn, (SiLUActivation, torch.nn.SiLU))
             and getattr(self._apply_gate, "__func__", None) is _default_apply_gate
-            and gate_up.shape[-1] % 16 == 0 and down.shape[-1] % 16 == 0 and gate_up.is_contiguous()
-            and down.is_contiguous())
+            and gate_up.shape[-1] % WIDTH_MULTIPLE == 0 and down.shape[-1] % WIDTH_MULTIPLE == 0
+            and gate_up.is_contiguous() and down.is_contiguous())
 
 
 def _library_only(self) -> bool:
