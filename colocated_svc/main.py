@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
         device = use_device(resolve_device(args.device))
         dtype = resolve_dtype(args.dtype, device)
-        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir, dtype, device))
+        encoder = ImageEncoder(load_encoder(encoder_cfg.model_dir, dtype, device), args.kernels)
         language = load_language_model(prefill_cfg.model_dir, dtype, device)
         engine = Engine(language, engine_config(args), eos_token_ids(language.model_dir, language.config), ROLE)
     except (ModelLoadError, ValueError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from epd.kernels import MODES as KERNEL_MODES
 from epd.worker_args import add_worker_arguments, env_default, model_dir_or_demo, setup_logging, worker_options
 
 ROLE = "encoder"
@@ -13,6 +14,10 @@ ROLE = "encoder"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_worker_arguments(p)
     add_encoder_arguments(p)
+    # The colocated worker takes this flag with the engine's (epd.engine_args), for both its parts.
+    p.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
+                   help="on a CPU: native (our C++ GELU for the vision tower, built on first start), torch "
+                        "(torch's operators) or auto (native where it builds and passes its self-check)")
 
 
 def add_encoder_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,8 +52,8 @@ def run(args: argparse.Namespace) -> int:
         from epd.models.loading import load_encoder
 
         # Before any port is bound: without its image processor an encoder must never look alive.
-        encoder = ImageEncoder(load_encoder(config.model_dir, resolve_dtype(args.dtype, device), device))
-    except (ModelLoadError, ValueError) as exc:
+        encoder = ImageEncoder(load_encoder(config.model_dir, resolve_dtype(args.dtype, device), device), args.kernels)
+    except (ModelLoadError, ValueError, RuntimeError) as exc:  # RuntimeError: --kernels native without them
         print(f"epd encoder: {exc}", file=sys.stderr)
         return 1
     return _serve(encoder, config, options)

@@ -12,6 +12,7 @@ from epd.worker_args import env_default
 PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk",
                        "--decode-step-interval-ms")
 PASSED_ENGINE_CHOICES = {"--kernels": KERNEL_MODES}
+ENCODER_TAKES = ("--kernels",)  # of those, the ones an encoder takes too (its vision tower's kernels)
 DEFAULT_DECODE_STEP_INTERVAL_MS = 0  # off: pacing trades inter-token latency for throughput (README)
 
 
@@ -20,7 +21,8 @@ def add_passed_engine_arguments(p: argparse.ArgumentParser, workers: str) -> Non
     for flag in PASSED_ENGINE_FLAGS:
         p.add_argument(flag, type=int, help=f"passed to every {workers} worker")
     for flag, choices in PASSED_ENGINE_CHOICES.items():
-        p.add_argument(flag, choices=choices, help=f"passed to every {workers} worker")
+        also = " (and encoder)" if flag in ENCODER_TAKES else ""
+        p.add_argument(flag, choices=choices, help=f"passed to every {workers} worker{also}")
 
 
 def passed_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -31,6 +33,12 @@ def passed_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
         if value is not None:
             passed += [flag, str(value)]
     return tuple(passed)
+
+
+def encoder_args(passed: tuple[str, ...]) -> tuple[str, ...]:
+    """Of a launcher's `passed_engine_args` (flag, value, flag, value, ...), the pairs an encoder takes; pure."""
+    pairs = zip(passed[::2], passed[1::2], strict=True)
+    return tuple(item for flag, value in pairs if flag in ENCODER_TAKES for item in (flag, value))
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:

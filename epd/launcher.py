@@ -29,6 +29,7 @@ from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
 from epd.devices import assign_gpus, check_device, parse_gpus, visible_gpus
+from epd.engine_args import encoder_args
 from epd.files import write_atomically
 from epd.supervision import RestartPolicy, RestartState
 from epd.transfer_backends import check_transfer
@@ -49,7 +50,7 @@ class ServeOptions:
     log_level: str = "WARNING"
     colocated: bool = False  # one worker doing encode, prefill and decode on one engine
     cpu_affinity: str | None = None  # "auto" or "ROLE=CPUS,..." (see epd.cpu_affinity)
-    engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine
+    engine_args: tuple[str, ...] = ()  # passed to every worker that runs the engine (--kernels to encoders too)
     dtype: str = "auto"
     device: str = "auto"  # every worker's --device
     gpus: str | None = None  # "auto" or "0,1,…": CUDA_VISIBLE_DEVICES per worker (epd.devices.assign_gpus)
@@ -204,6 +205,8 @@ class Cluster:
                 args += ["--transfer", o.transfer]
             if role in ENGINE_ROLES:
                 args += list(o.engine_args)
+            elif role == "encoder":
+                args += list(encoder_args(o.engine_args))
             self._spawn(name, role, args, ready)
             workers.append(ready)
         infos = [self._wait_file(path) for path in workers]

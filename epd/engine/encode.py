@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
+from epd.engine import fused_gelu
+from epd.engine.native_kernels import ENCODER_KERNELS, use_native_kernels
 from epd.models.loading import EncoderModel
 from epd.models.registry import ImageTensors
 
@@ -39,10 +41,15 @@ def owned(t: torch.Tensor) -> torch.Tensor:
 class ImageEncoder:
     """Runs a batch of images through the processor it owns and the vision side of the model."""
 
-    def __init__(self, encoder: EncoderModel) -> None:
+    def __init__(self, encoder: EncoderModel, kernels: str = "auto") -> None:
+        """`kernels`: auto | native | torch, as the engine's (epd.engine.native_kernels); native ones
+        run the vision tower's GELU (fused_gelu.py)."""
         if encoder.image_processor is None:  # load_encoder never allows this; keep the invariant loud
             raise ValueError(f"{encoder.model_dir}: an encoder needs an image processor")
         self.encoder = encoder
+        weight = next(encoder.model.parameters())
+        if use_native_kernels(kernels, weight.device, weight.dtype, ENCODER_KERNELS):  # builds them on a first start
+            fused_gelu.install(encoder.model)
 
     @property
     def device(self) -> torch.device:

@@ -4,9 +4,10 @@ engine start, and logged.
 The kernels: the decode attention reading the KV pool in place (attention.pool_decode_attention,
 instead of gathering every context and two products), the language model's RMSNorm in one call
 (fused_norm.py), the MoE experts' weighted sum in one, a decode step's experts (epd.models.experts)
-and, in float32, its dense layers (decode_linear.py). `auto` (the default) takes them where they
-run (a CPU model of float32 or bfloat16) and build and pass their self-check; `native` refuses to
-start without them; `torch` never builds them. On a GPU the model stays with torch's kernels.
+and, in float32, its dense layers (decode_linear.py); for an encoder, the vision tower's GELU
+(fused_gelu.py). `auto` (the default) takes them where they run (a CPU model of float32 or
+bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
+never builds them. On a GPU the model stays with torch's kernels.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ def native_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> bool:
-    """True when the engine should run the native kernels; RuntimeError when `native` was asked for
-    and cannot be had (no compiler, a failed self-check, a GPU), so the worker never becomes ready."""
+ENGINE_KERNELS = "decode attention, RMSNorm, MoE combine and decode experts"
+ENCODER_KERNELS = "vision GELU"
+
+
+def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype, kernels: str = ENGINE_KERNELS) -> bool:
+    """True when the engine (or encoder: `kernels` names what is at stake, for the log) should run the
+    native kernels; RuntimeError when `native` was asked for and cannot be had (no compiler, a failed
+    self-check, a GPU), so the worker never becomes ready."""
     if mode not in MODES:
         raise ValueError(f"kernels must be one of {', '.join(MODES)}, got {mode!r}")
     if mode == "torch":
@@ -47,12 +53,12 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype) -> b
     if reason is None:
         reason = self_check(dtype)
     if reason is None:
-        log.info("kernels: native (decode attention in place, fused RMSNorm, MoE combine and decode experts%s; %s)",
-                 ", decode linears" if dtype == torch.float32 else "", dtype)
+        linears = ", decode linears" if dtype == torch.float32 and kernels == ENGINE_KERNELS else ""
+        log.info("kernels: native (%s%s; %s)", kernels, linears, dtype)
         return True
     if mode == "native":
         raise RuntimeError(f"--kernels native: {reason}")
-    log.warning("kernels: torch's (no native decode attention, RMSNorm or MoE combine): %s", reason)
+    log.warning("kernels: torch's (no native %s): %s", kernels, reason)
     return False
 
 
@@ -93,6 +99,9 @@ def _self_check_results(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, tor
     gate_up, down = (torch.randn(4, *shape, generator=gen).mul(0.3).to(dtype) for shape in ((32, 32), (32, 16)))
     results["moe_decode"] = (torch.ops.epd.moe_decode(hidden, index, routing, gate_up, down),
                              reference_moe_decode(hidden, index, routing, gate_up, down))
+    activations = torch.linspace(-12, 12, 203).to(dtype)  # both tails, and a remainder past the last vector
+    results["gelu_tanh"] = (torch.ops.epd.gelu_tanh(activations),
+                            torch.nn.functional.gelu(activations.float(), approximate="tanh"))
     if dtype == torch.float32:  # the dense decode product is float32's only (epd.engine.decode_linear)
         weight = torch.randn(37, 32, generator=gen)  # [N, K]: a remainder of every block it computes
         results["linear_decode"] = (torch.ops.epd.linear_decode(hidden, weight), hidden @ weight.T)

@@ -46,12 +46,13 @@ class InProcessPipeline:
     def __init__(self, model_dir: str | Path, engine_config: EngineConfig | None = None,
                  dtype: torch.dtype | None = None) -> None:
         self.model_dir = Path(model_dir)
-        self.encoder = ImageEncoder(load_encoder(self.model_dir, dtype))
+        engine_config = engine_config or EngineConfig(kv_cache_bytes=256 << 20)
+        self.encoder = ImageEncoder(load_encoder(self.model_dir, dtype), engine_config.kernels)
         language = load_language_model(self.model_dir, dtype)
         self.image_token_id = int(language.config.image_token_id)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir, language.config)
-        self.engine = Engine(language, engine_config or EngineConfig(kv_cache_bytes=256 << 20),
+        self.engine = Engine(language, engine_config,
                              self.eos_token_ids, role="in_process")
         self.fingerprint = processor_fingerprint(self.model_dir)  # image digests key the prefix cache
         self._ids = itertools.count()

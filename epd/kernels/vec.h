@@ -80,6 +80,25 @@ inline float exp_in_range(float x) {
   return p * scale * (k > 127.f ? 2.f : 1.f);
 }
 
+// e^x lane by lane for x in [-87, 87] (callers clamp), as exp_in_range computes it, on whole vectors:
+// the compiler does not vectorize a loop of scalar calls over a vector's lanes.
+typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+inline Vec exp_in_range(Vec x) {
+  const Vec y = x * 1.44269504f;
+  const Vec k = (y + 12582912.f) - 12582912.f;  // round to nearest, as above
+  const Vec f = y - k;
+  Vec p = f * 1.5353362e-4f + 1.3398874e-3f;
+  p = p * f + 9.6184817e-3f;
+  p = p * f + 5.5503340e-2f;
+  p = p * f + 2.4022652e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.f;
+  const IntVec bits = (__builtin_convertvector(k, IntVec) + 127) << 23;  // 2^k, k in [-126, 126]
+  Vec scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
 // e^x for x <= 0 (scores minus their max): below -87 it is under float's smallest normal, and 0
 // after a softmax's sum.
 inline float exp_nonpositive(float x) { return exp_in_range(std::max(x, -87.f)); }

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from epd.engine_args import encoder_args
+
 WORKER_ROLES = ("encoder", "prefill", "decode")
 NODE_IP = "node-ip"  # --worker-host value: each worker binds (and advertises) its own node's IP
 
@@ -32,7 +34,7 @@ class RayClusterSpec:
     gpus_per_worker: float | None = None  # None: 1 where the cluster has GPUs, else 0
     transfer: str = "grpc"
     dtype: str = "auto"
-    worker_args: tuple[str, ...] = ()  # passed to every prefill / decode worker (engine flags)
+    worker_args: tuple[str, ...] = ()  # engine flags for prefill / decode workers (--kernels to encoders too)
     allow_url_hosts: tuple[str, ...] = ()
     otlp_endpoint: str | None = None
     log_level: str = "WARNING"
@@ -71,8 +73,7 @@ class RayClusterSpec:
                 "--dtype", self.dtype]
         if role != "decode":
             args += ["--transfer", self.transfer]
-        if role != "encoder":
-            args += list(self.worker_args)
+        args += list(encoder_args(self.worker_args) if role == "encoder" else self.worker_args)
         if self.otlp_endpoint:
             args += ["--otlp-endpoint", self.otlp_endpoint]
         return args

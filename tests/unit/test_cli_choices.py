@@ -1,5 +1,7 @@
 """The CLI spells out family and size names so that parsing flags stays fast; they must not drift."""
 
+import argparse
+
 from epd import cli
 from epd.tiny import families
 
@@ -20,3 +22,15 @@ def test_serve_hands_its_engine_flags_to_the_workers():
     args = cli.build_parser().parse_args(["serve", "--kernels", "torch", "--kv-cache-mb", "256"])
     assert passed_engine_args(args) == ("--kv-cache-mb", "256", "--kernels", "torch")
     assert passed_engine_args(cli.build_parser().parse_args(["serve"])) == ()  # unset: the workers' own defaults
+
+
+def test_an_encoder_takes_the_kernels_flag_only_and_parses_it():
+    from encoder_svc.main import add_arguments
+    from epd.engine_args import encoder_args
+
+    assert encoder_args(("--kv-cache-mb", "256", "--kernels", "torch", "--max-running", "8")) == ("--kernels", "torch")
+    assert encoder_args(("--kv-blocks", "64")) == ()
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--kernels", "native"]).kernels == "native"
+    assert parser.parse_args([]).kernels == "auto"

@@ -1,4 +1,4 @@
-"""epd serve's launcher: what its children inherit."""
+"""epd serve's launcher: what its children inherit and the flags each is given."""
 
 from epd.launcher import child_environment
 
@@ -26,3 +26,38 @@ def test_per_process_ports_are_not_inherited():
         env = child_environment(parent, role=role)
         assert "EPD_PORT" not in env and "EPD_METRICS_PORT" not in env and "EPD_GRPC_PORT" not in env
         assert env["EPD_MODEL"] == "/m"
+
+
+def test_each_worker_gets_the_engine_flags_it_takes(monkeypatch):
+    """Engine workers get every engine flag; an encoder only --kernels (its vision tower's GELU)."""
+    import shutil
+
+    import pytest
+
+    from epd.launcher import Cluster, ServeOptions
+
+    class Started:
+        def poll(self):
+            return None
+
+    class RouterStarting(Exception):
+        pass
+
+    cluster = Cluster(ServeOptions(model_dir="/m", engine_args=("--kv-blocks", "64", "--kernels", "torch")))
+    commands: dict[str, list[str]] = {}
+
+    def wait_file(path):
+        if path.stem == "router":
+            raise RouterStarting
+        return {"address": f"127.0.0.1:{len(commands)}", "metrics_port": 1, "role": path.stem.split("-")[0]}
+
+    monkeypatch.setattr(cluster, "_popen", lambda name, args: commands.setdefault(name, args) and Started())
+    monkeypatch.setattr(cluster, "_wait_file", wait_file)
+    try:
+        with pytest.raises(RouterStarting):
+            cluster.start()
+    finally:
+        shutil.rmtree(cluster.run_dir)
+    encoder, decode = commands["encoder-0"], commands["decode-0"]
+    assert encoder[encoder.index("--kernels") + 1] == "torch" and "--kv-blocks" not in encoder
+    assert decode[decode.index("--kernels") + 1] == "torch" and decode[decode.index("--kv-blocks") + 1] == "64"

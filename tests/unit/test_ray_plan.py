@@ -47,13 +47,15 @@ def test_gpus_per_worker_default_to_one_only_where_the_cluster_has_gpus():
 
 
 def test_worker_commands_carry_the_role_s_flags_only():
-    spec = RayClusterSpec(model_dir="/m", transfer="shm", worker_args=("--kv-blocks", "64"),
+    spec = RayClusterSpec(model_dir="/m", transfer="shm", worker_args=("--kv-blocks", "64", "--kernels", "torch"),
                           otlp_endpoint="127.0.0.1:4317")
     encoder = spec.worker_command("encoder", "/r/e.json")
     decode = spec.worker_command("decode", "/r/d.json")
     assert encoder[:3] == ["encoder", "--model", "/m"] and "--kv-blocks" not in encoder
     assert encoder[encoder.index("--transfer") + 1] == "shm"
+    assert encoder[encoder.index("--kernels") + 1] == "torch"  # the vision tower's kernels
     assert "--transfer" not in decode and decode[decode.index("--kv-blocks") + 1] == "64"
+    assert decode[decode.index("--kernels") + 1] == "torch"
     for command in (encoder, decode):
         assert command[command.index("--port") + 1] == "0"  # the ready file says which port
         assert command[command.index("--otlp-endpoint") + 1] == "127.0.0.1:4317"

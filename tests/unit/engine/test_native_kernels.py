@@ -32,7 +32,8 @@ def test_an_unknown_mode_is_refused():
 def test_auto_falls_back_and_native_refuses_when_the_build_fails(monkeypatch, caplog):
     monkeypatch.setattr(native, "load_kernels", lambda: native.BuildResult(False, "no C++ compiler"))
     assert native_kernels.use_native_kernels("auto", CPU, torch.float32) is False
-    assert "kernels: torch's (no native decode attention, RMSNorm or MoE combine): no C++ compiler" in caplog.text
+    assert "kernels: torch's (no native decode attention, RMSNorm, MoE combine and decode experts): no C++ compiler" \
+        in caplog.text
     with pytest.raises(RuntimeError, match=r"--kernels native: no C\+\+ compiler"):
         native_kernels.use_native_kernels("native", CPU, torch.float32)
 
@@ -71,4 +72,4 @@ def test_a_kernel_that_raises_in_the_self_check_is_not_used(monkeypatch):
 def test_the_self_check_covers_every_kernel_the_dtype_runs(dtype, linear):
     assert native.load_kernels().ok
     assert set(native_kernels._self_check_results(dtype)) == {
-        "paged_decode", "rms_norm", "moe_combine", "moe_decode"} | linear
+        "paged_decode", "rms_norm", "moe_combine", "moe_decode", "gelu_tanh"} | linear
