@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from epd.kernels import MODES as KERNEL_MODES
+from epd.engine_args import add_kernels_argument
 from epd.worker_args import add_worker_arguments, env_default, model_dir_or_demo, setup_logging, worker_options
 
 ROLE = "encoder"
@@ -15,9 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_worker_arguments(p)
     add_encoder_arguments(p)
     # The colocated worker takes this flag with the engine's (epd.engine_args), for both its parts.
-    p.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
-                   help="on a CPU: native (our C++ GELU for the vision tower, built on first start), torch "
-                        "(torch's operators) or auto (native where it builds and passes its self-check)")
+    add_kernels_argument(p, "the vision tower's GELU")
 
 
 def add_encoder_arguments(p: argparse.ArgumentParser) -> None:

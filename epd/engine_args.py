@@ -13,6 +13,7 @@ PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-b
                        "--decode-step-interval-ms")
 PASSED_ENGINE_CHOICES = {"--kernels": KERNEL_MODES}
 ENCODER_TAKES = ("--kernels",)  # of those, the ones an encoder takes too (its vision tower's kernels)
+ENGINE_ROLES = ("prefill", "decode", "colocated")  # the workers that run the engine
 DEFAULT_DECODE_STEP_INTERVAL_MS = 0  # off: pacing trades inter-token latency for throughput (README)
 
 
@@ -35,10 +36,22 @@ def passed_engine_args(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(passed)
 
 
-def encoder_args(passed: tuple[str, ...]) -> tuple[str, ...]:
-    """Of a launcher's `passed_engine_args` (flag, value, flag, value, ...), the pairs an encoder takes; pure."""
+def passed_to(role: str, passed: tuple[str, ...]) -> tuple[str, ...]:
+    """Of a launcher's `passed_engine_args` (flag, value, flag, value, ...), what a worker of `role`
+    takes: all of them for an engine worker, `ENCODER_TAKES` for an encoder, none otherwise; pure."""
+    if role in ENGINE_ROLES:
+        return passed
+    takes = ENCODER_TAKES if role == "encoder" else ()
     pairs = zip(passed[::2], passed[1::2], strict=True)
-    return tuple(item for flag, value in pairs if flag in ENCODER_TAKES for item in (flag, value))
+    return tuple(item for flag, value in pairs if flag in takes for item in (flag, value))
+
+
+def add_kernels_argument(p, what: str) -> None:
+    """`--kernels` for a worker (on a parser or an argument group); `what` it runs natively, for the help."""
+    p.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
+                   help=f"on a CPU: native (our C++ kernels: {what}; built on a first start, about 5 s), "
+                        "torch (torch's operators), or auto (native where they build and pass their self-check, "
+                        "else torch; default)")
 
 
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
@@ -59,11 +72,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-policy", choices=("decode_first", "fcfs"),
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
-    g.add_argument("--kernels", choices=KERNEL_MODES, default=env_default("kernels", "auto"),
-                   help="on a CPU: native (our C++ kernels: the decode attention reading the KV pool in place, "
-                        "a fused RMSNorm, the MoE experts' end and, in bfloat16, a decode step's experts; built on "
-                        "a first start, about 5 s), torch (torch's "
-                        "operators), or auto (native where they build, else torch; default)")
+    add_kernels_argument(g, "the decode attention reading the KV pool in place, a fused RMSNorm, the MoE "
+                            "experts' end, a decode step's experts and, in float32, its dense products; a "
+                            "colocated worker's vision GELU too")
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
                    help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "

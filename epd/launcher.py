@@ -29,7 +29,7 @@ from pathlib import Path
 
 from epd.cpu_affinity import plan_affinity
 from epd.devices import assign_gpus, check_device, parse_gpus, visible_gpus
-from epd.engine_args import encoder_args
+from epd.engine_args import passed_to
 from epd.files import write_atomically
 from epd.supervision import RestartPolicy, RestartState
 from epd.transfer_backends import check_transfer
@@ -105,9 +105,6 @@ def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = 
     if cpus:  # a pinned process runs one compute thread per CPU it has, not per CPU of the machine
         env.setdefault("OMP_NUM_THREADS", str(len(cpus)))
     return env
-
-
-ENGINE_ROLES = ("prefill", "decode", "colocated")
 
 
 class StartupFailed(RuntimeError):
@@ -203,10 +200,7 @@ class Cluster:
                     "--log-level", o.log_level, "--dtype", o.dtype, "--device", o.device, *self._tracing_args()]
             if role != "decode":
                 args += ["--transfer", o.transfer]
-            if role in ENGINE_ROLES:
-                args += list(o.engine_args)
-            elif role == "encoder":
-                args += list(encoder_args(o.engine_args))
+            args += list(passed_to(role, o.engine_args))
             self._spawn(name, role, args, ready)
             workers.append(ready)
         infos = [self._wait_file(path) for path in workers]

@@ -20,7 +20,7 @@ from epd.engine import attention, decode_linear, fused_norm, mla
 from epd.engine.block_manager import BlockManager
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
-from epd.engine.native_kernels import use_native_kernels
+from epd.engine.native_kernels import engine_kernels, use_native_kernels
 from epd.engine.paged_cache import NamedTensors, PagedKVCache, bytes_per_block, probe_layer_shapes
 from epd.engine.params import SamplingParams
 from epd.engine.positions import PositionPlan
@@ -89,7 +89,8 @@ class Engine:
                                   device=next(language.model.parameters()).device)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
-        native = use_native_kernels(config.kernels, self.cache.device, dtype)  # builds them on a first start
+        # built on a machine's first start
+        native = use_native_kernels(config.kernels, self.cache.device, dtype, engine_kernels(dtype))
         if native:
             fused_norm.install(language.model)
             decode_linear.install(language.model)

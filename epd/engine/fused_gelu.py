@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import torch
 
+from epd.engine.native_kernels import NATIVE_DTYPES
 from epd.models.rerouting import reroute
 
 GELU_TANH_CLASSES = frozenset({"GELUTanh"})  # transformers.activations (also named PytorchGELUTanh)
-NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _is_gelu_tanh(module: torch.nn.Module) -> bool:

@@ -36,6 +36,11 @@ ENGINE_KERNELS = "decode attention, RMSNorm, MoE combine and decode experts"
 ENCODER_KERNELS = "vision GELU"
 
 
+def engine_kernels(dtype: torch.dtype) -> str:
+    """What an engine of `dtype` runs natively, for the log: float32 adds the dense decode products."""
+    return ENGINE_KERNELS + (", decode linears" if dtype == torch.float32 else "")
+
+
 def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype, kernels: str = ENGINE_KERNELS) -> bool:
     """True when the engine (or encoder: `kernels` names what is at stake, for the log) should run the
     native kernels; RuntimeError when `native` was asked for and cannot be had (no compiler, a failed
@@ -53,8 +58,7 @@ def use_native_kernels(mode: str, device: torch.device, dtype: torch.dtype, kern
     if reason is None:
         reason = self_check(dtype)
     if reason is None:
-        linears = ", decode linears" if dtype == torch.float32 and kernels == ENGINE_KERNELS else ""
-        log.info("kernels: native (%s%s; %s)", kernels, linears, dtype)
+        log.info("kernels: native (%s; %s)", kernels, dtype)
         return True
     if mode == "native":
         raise RuntimeError(f"--kernels native: {reason}")

@@ -60,19 +60,27 @@ inline float sum(Vec v) {  // halving tree: shuffle + add steps, not one lane ex
   return (h4[0] + h4[2]) + (h4[1] + h4[3]);
 }
 
-// e^x for x in [-87, 88.7]: 2^(x log2 e) split into 2^k * 2^f, f in [-0.5, 0.5], k in [-126, 128];
-// relative error ~2e-7. 2^k is built in two halves so that k = 128 (x above 88.03) stays finite.
-inline float exp_in_range(float x) {
-  const float y = x * 1.44269504f;
-  const float k = (y + 12582912.f) - 12582912.f;  // round to nearest: adding 1.5 * 2^23 drops the fraction
-  const float f = y - k;
-  float p = 1.5353362e-4f;
-  p = p * f + 1.3398874e-3f;
+// e^x = 2^(x log2 e) split into 2^k * 2^f, f in [-0.5, 0.5]: k (rounded to nearest: adding
+// 1.5 * 2^23 drops the fraction) and 2^f as a polynomial, relative error ~2e-7; for a float or,
+// lane by lane, a Vec.
+template <typename V>
+inline V exp2_split(V x, V& k) {
+  const V y = x * 1.44269504f;
+  k = (y + 12582912.f) - 12582912.f;
+  const V f = y - k;
+  V p = f * 1.5353362e-4f + 1.3398874e-3f;
   p = p * f + 9.6184817e-3f;
   p = p * f + 5.5503340e-2f;
   p = p * f + 2.4022652e-1f;
   p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
+  return p * f + 1.f;
+}
+
+// e^x for x in [-87, 88.7], k in [-126, 128]: 2^k is built in two halves so that k = 128 (x above
+// 88.03) stays finite.
+inline float exp_in_range(float x) {
+  float k;
+  const float p = exp2_split(x, k);
   const int32_t top = k > 127.f ? 127 : static_cast<int32_t>(k);  // 2^k = 2^top * (2 or 1)
   const int32_t bits = (top + 127) << 23;
   float scale;
@@ -80,19 +88,12 @@ inline float exp_in_range(float x) {
   return p * scale * (k > 127.f ? 2.f : 1.f);
 }
 
-// e^x lane by lane for x in [-87, 87] (callers clamp), as exp_in_range computes it, on whole vectors:
-// the compiler does not vectorize a loop of scalar calls over a vector's lanes.
+// e^x lane by lane for x in [-87, 87] (callers clamp), on whole vectors: the compiler does not
+// vectorize a loop of scalar calls over a vector's lanes.
 typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
 inline Vec exp_in_range(Vec x) {
-  const Vec y = x * 1.44269504f;
-  const Vec k = (y + 12582912.f) - 12582912.f;  // round to nearest, as above
-  const Vec f = y - k;
-  Vec p = f * 1.5353362e-4f + 1.3398874e-3f;
-  p = p * f + 9.6184817e-3f;
-  p = p * f + 5.5503340e-2f;
-  p = p * f + 2.4022652e-1f;
-  p = p * f + 6.9314718e-1f;
-  p = p * f + 1.f;
+  Vec k;
+  const Vec p = exp2_split(x, k);
   const IntVec bits = (__builtin_convertvector(k, IntVec) + 127) << 23;  // 2^k, k in [-126, 126]
   Vec scale;
   std::memcpy(&scale, &bits, sizeof(scale));

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from epd.engine_args import encoder_args
+from epd.engine_args import passed_to
 
 WORKER_ROLES = ("encoder", "prefill", "decode")
 NODE_IP = "node-ip"  # --worker-host value: each worker binds (and advertises) its own node's IP
@@ -73,7 +73,7 @@ class RayClusterSpec:
                 "--dtype", self.dtype]
         if role != "decode":
             args += ["--transfer", self.transfer]
-        args += list(encoder_args(self.worker_args) if role == "encoder" else self.worker_args)
+        args += list(passed_to(role, self.worker_args))
         if self.otlp_endpoint:
             args += ["--otlp-endpoint", self.otlp_endpoint]
         return args

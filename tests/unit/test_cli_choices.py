@@ -26,10 +26,13 @@ def test_serve_hands_its_engine_flags_to_the_workers():
 
 def test_an_encoder_takes_the_kernels_flag_only_and_parses_it():
     from encoder_svc.main import add_arguments
-    from epd.engine_args import encoder_args
+    from epd.engine_args import passed_to
 
-    assert encoder_args(("--kv-cache-mb", "256", "--kernels", "torch", "--max-running", "8")) == ("--kernels", "torch")
-    assert encoder_args(("--kv-blocks", "64")) == ()
+    passed = ("--kv-cache-mb", "256", "--kernels", "torch", "--max-running", "8")
+    assert passed_to("encoder", passed) == ("--kernels", "torch")
+    assert passed_to("encoder", ("--kv-blocks", "64")) == ()
+    assert passed_to("decode", passed) == passed and passed_to("colocated", passed) == passed
+    assert passed_to("router", passed) == ()
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     assert parser.parse_args(["--kernels", "native"]).kernels == "native"
