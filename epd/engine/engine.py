@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from epd import metrics
-from epd.engine import attention, decode_linear, fused_norm, mla
+from epd.engine import attention, decode_linear, fused_norm, mla, ungrouped_router
 from epd.engine.block_manager import BlockManager
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
@@ -85,6 +85,7 @@ class Engine:
         if language.adapter.latent_attention and config.absorb_latent_attention:
             mla.install(language.model)
         shape_buckets.install(language.model)  # prompt steps' row counts, for per-shape kernel builds
+        ungrouped_router.install(language.model)  # bit for bit the library's routing, fewer operators
         self.cache = PagedKVCache(shapes, num_blocks, config.block_size, dtype=dtype,
                                   device=next(language.model.parameters()).device)
         self.blocks = BlockManager(num_blocks, config.block_size, config.enable_prefix_cache)
