@@ -22,6 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from epd import tls, tracing
 from epd.files import write_atomically
+from epd.heap import freeze_startup_heap
 from epd.malloc import keep_freed_memory_warm
 from epd.metrics import serve_metrics
 from epd.rpc_errors import ErrorMappingInterceptor
@@ -131,6 +132,9 @@ def run_worker(role: str, options: WorkerOptions, add_services: Callable[[grpc.S
     """A worker's whole life: bind (not serving), warm up, turn ready, serve until a signal, then close
     what it holds (`closers`, in order) on every path. Returns the process exit code."""
     worker = start_worker(role, options, add_services)
+    # What loading made lives as long as the process (epd.heap); frozen before the warm-up, whose
+    # compiles ask for collections that would otherwise walk all of it.
+    freeze_startup_heap()
     try:
         try:
             warm_up()

@@ -153,6 +153,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
     import grpc
     import uvicorn
 
+    from epd.heap import freeze_startup_heap
     from epd.v1 import router_pb2_grpc
     from epd.worker import write_ready_file
     from router.grpc_api import RouterServicer
@@ -176,6 +177,7 @@ async def _serve(args: argparse.Namespace, gateway, sock: socket.socket) -> int:
         tasks = [asyncio.create_task(source.run(), name=f"epd-discovery-{i}")
                  for i, source in enumerate(gateway.discovery)]
         await grpc_server.start()
+        freeze_startup_heap()  # what starting made lives as long as the process (epd.heap)
         write_ready_file(args.ready_file, {"role": "router", "http_port": http_port, "grpc_port": grpc_port})
         scheme = "https" if args.tls_cert else "http"
         print(f"epd router: serving {scheme}://{args.host}:{http_port}/v1 (gRPC Router on {args.host}:{grpc_port})",
