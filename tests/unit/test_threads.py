@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from epd.threads import StepThreads, busy_cores_of_others, cpu_ticks, threads_sleep_between_regions
 
 
@@ -68,3 +70,27 @@ def test_cpu_ticks_count_only_the_cpus_asked_for():
 def test_cpu_ticks_of_a_cpu_without_a_line_are_unknown():
     assert cpu_ticks(STAT, frozenset({0, 5})) is None
     assert cpu_ticks("intr 1\n", None) is None
+
+
+def test_set_thread_compute_sets_the_calling_threads_count_and_keeps_the_gil():
+    import ctypes
+    import threading
+
+    import torch
+
+    from epd.threads import _libgomp, set_thread_compute
+
+    if _libgomp() is None:
+        pytest.skip("torch here is not built with libgomp")
+    assert isinstance(_libgomp(), ctypes.PyDLL)  # a CDLL call would let the GIL go (see _libgomp)
+    seen = []
+
+    def worker():
+        for count in (1, 3, 2):
+            assert set_thread_compute(count)
+            seen.append(torch.get_num_threads())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [1, 3, 2]
