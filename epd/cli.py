@@ -29,7 +29,7 @@ SERVICE_MODULES = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in SERVICE_MODULES:  # a server: it freezes its heap once warmed up (epd.heap)
+    if args.command in SERVICE_MODULES:  # a server: it freezes its heap once loaded (epd.heap)
         from epd.heap import defer_collection
 
         defer_collection()

@@ -1,7 +1,7 @@
 """DeepSeek-V3's expert router without its group masking, where that masking keeps every expert.
 
 The library's router first picks `topk_group` of `n_group` groups of experts and masks out the
-rest: eleven more operators a layer (a top-k over groups, a zeros, a scatter, an expand, a
+rest: a dozen more operators a layer (a top-k over groups, a zeros, a scatter, an expand, a
 `masked_fill`, ...). Kimi-K2.5 sets `n_group = topk_group = 1` (and so do our tiny checkpoints),
 where the mask is all true and `masked_fill` returns the scores unchanged, so the top-k sees the
 same values and returns the same experts in the same order: the output is the library's, bit for
