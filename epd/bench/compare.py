@@ -11,6 +11,7 @@ are interleaved across configurations and ratios are taken run by run (see `run_
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -19,6 +20,7 @@ import httpx
 
 from epd.bench.agreement import Agreement, agreement
 from epd.bench.load import Background, LoadConfig, Progress, base_url, run_load
+from epd.bench.process_cpu import epd_role, per_request, tree_cpu_s
 from epd.bench.results import RequestResult
 from epd.bench.servers import ServerStartError, epd_serve_command, start_server
 from epd.bench.stats import Slo, Summary, median_figures, paired_median_ratio, summarize
@@ -68,6 +70,7 @@ class ConfigResult:
     summaries: list[Summary] = field(default_factory=list)
     results: list[list[RequestResult]] = field(default_factory=list)  # per run, per request
     unavailable: str | None = None
+    cpu_per_request: list[dict[str, float]] = field(default_factory=list)  # per run: CPU-s by role (servers we start)
 
     @property
     def figures(self) -> dict[str, float | None] | None:
@@ -76,9 +79,16 @@ class ConfigResult:
             return None
         return median_figures(s.figures() for s in self.summaries)
 
+    @property
+    def cpu_medians(self) -> dict[str, float]:
+        """Each role's CPU-seconds per measured request, the median over runs; empty when not sampled."""
+        roles = {role for run in self.cpu_per_request for role in run}
+        return {role: statistics.median(run.get(role, 0.0) for run in self.cpu_per_request) for role in sorted(roles)}
+
     def to_dict(self) -> dict:
         return {"label": self.label, "detail": self.detail, "unavailable": self.unavailable,
-                "median": self.figures, "runs": [s.to_dict() for s in self.summaries]}
+                "median": self.figures, "runs": [s.to_dict() for s in self.summaries],
+                "cpu_s_per_request": self.cpu_medians or None}
 
 
 @dataclass
@@ -249,8 +259,17 @@ class _ServerColumn(_UrlColumn):
             self.result.unavailable = str(exc)
             return False
         stack.enter_context(server)
-        self.url = server.url
+        self.url, self.pid = server.url, server.proc.pid
         return super().open(stack)
+
+    def run(self, r: int, requests: list[BenchRequest]) -> None:
+        """One load, and what each of the server's roles spent on it (warm-up and any background
+        load included), where /proc tells."""
+        before = tree_cpu_s(self.pid, epd_role)
+        super().run(r, requests)
+        after = tree_cpu_s(self.pid, epd_role)
+        if before is not None and after is not None:
+            self.result.cpu_per_request.append(per_request(before, after, len(requests)))
 
 
 def _probe(url: str) -> str | None:

@@ -21,6 +21,10 @@ COMPARE_ROWS = (("output tok/s", "output_tok_per_s"), ("req/s", "req_per_s"),
                 ("e2e p50 (ms)", "e2e_p50_ms"), ("failures", "failures"))
 
 
+# The order of the CPU rows: the request's path, then the launcher.
+_ROLE_ORDER = ("router", "encoder", "prefill", "decode", "colocated", "serve")
+
+
 def fmt(value: float | None) -> str:
     """Three significant-ish digits: tiny models have sub-millisecond gaps, big ones seconds."""
     if value is None:
@@ -66,9 +70,9 @@ def format_compare(result: CompareResult) -> str:
     c = result.config
     labels = [col.label for col in result.columns]
     width = max([12, *(len(label) + 2 for label in labels)])
-    title_width = max(len(title) for title, _ in COMPARE_ROWS) + 2
     rows = [(title, [fmt((col.figures or {}).get(name)) if col.unavailable is None else "n/a"
                      for col in result.columns]) for title, name in COMPARE_ROWS]
+    rows += _cpu_rows(result)
     if c.slo is not None:
         rows.append(("goodput req/s", [fmt((col.figures or {}).get("goodput_req_per_s")) for col in result.columns]))
     if c.workload.name == "repeat":
@@ -85,6 +89,7 @@ def format_compare(result: CompareResult) -> str:
     if agreements is not None:
         rows.append(("same output as hf", ["" if label == "hf" else "n/a" if agreements.get(label) is None
                                            else agreements[label].cell() for label in labels]))
+    title_width = max(len(title) for title, _ in rows) + 2
     background = "" if c.background is None else f", background {c.background.workload.name}:{c.background.concurrency}"
     lines = [f"{c.workload.name}: {c.requests} requests, concurrency {c.concurrency}, {c.output_len} output tokens"
              f"{background}; median of {c.runs} run(s)",
@@ -124,6 +129,19 @@ _PLOTTED = (("TTFT", lambda r: [r.ttft_s] if r.ttft_s is not None else []),
             ("TPOT", lambda r: [r.tpot_s] if r.tpot_s is not None else []),
             ("inter-token", lambda r: list(r.itl_s)),
             ("e2e", lambda r: [r.e2e_s] if r.e2e_s is not None else []))
+
+
+def _cpu_rows(result: CompareResult) -> list[tuple[str, list[str]]]:
+    """CPU-seconds per request of each role of the servers compare started (blank for other columns),
+    and their sum: where the cores went, which throughput alone does not say."""
+    roles = sorted({role for col in result.columns for role in col.cpu_medians}, key=_ROLE_ORDER.index)
+    if not roles:
+        return []
+    rows = [(f"CPU-s/request {role}", [fmt(col.cpu_medians.get(role)) if col.cpu_medians else ""
+                                       for col in result.columns]) for role in roles]
+    rows.append(("CPU-s/request, all", [fmt(sum(col.cpu_medians.values())) if col.cpu_medians else ""
+                                        for col in result.columns]))
+    return rows
 
 
 def _ratio(value: float | None) -> str:

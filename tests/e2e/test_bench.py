@@ -108,6 +108,12 @@ def test_compare_checks_both_modes_greedy_output_against_transformers(tmp_path, 
     report = json.loads(out[-1])
     every_one = {"equal": 3, "compared": 3, "by_text": 0, "first_difference": None}
     assert report["same_output_as_hf"] == {"colocated": every_one, "cluster": every_one}
+    # Where each started server's CPU went, by role, from its process tree (epd.bench.process_cpu).
+    cpu = {c["label"]: c["cpu_s_per_request"] for c in report["columns"]}
+    assert cpu["hf"] is None
+    assert {"serve", "router", "colocated"} == set(cpu["colocated"]) and cpu["colocated"]["colocated"] > 0
+    assert {"serve", "router", "encoder", "prefill", "decode"} == set(cpu["cluster"])
+    assert sum(cpu["cluster"].values()) > 0
 
 
 def test_ceiling_measures_hf_and_the_front_end_on_a_real_checkpoint(tmp_path, capsys):

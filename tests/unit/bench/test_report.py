@@ -85,3 +85,22 @@ def test_run_report_and_json():
 
 def test_fmt():
     assert [fmt(None), fmt(1234.5), fmt(42.0), fmt(12.34), fmt(1.234)] == ["-", "1234", "42", "12.3", "1.23"]
+
+
+def test_cpu_rows_show_each_role_per_request_for_the_servers_compare_started():
+    cluster = column("cluster", [4, 4], 0.25)
+    cluster.cpu_per_request = [{"decode": 0.5, "encoder": 0.25, "router": 0.125},
+                               {"decode": 0.75, "encoder": 0.25, "router": 0.125},
+                               {"decode": 0.25, "encoder": 0.5, "router": 0.125}]
+    table = format_compare(comparison(column("hf", [4, 4], 1.0), cluster))
+    rows = {line.split("  ")[0]: line.split()[-1] for line in table.splitlines()[2:] if line.startswith("CPU-s")}
+    assert list(rows) == ["CPU-s/request router", "CPU-s/request encoder", "CPU-s/request decode",
+                          "CPU-s/request, all"]  # the request's path, in order
+    assert rows["CPU-s/request decode"] == "0.50" and rows["CPU-s/request encoder"] == "0.25"  # medians
+    assert rows["CPU-s/request, all"] == "0.88"
+    assert cluster.to_dict()["cpu_s_per_request"] == {"decode": 0.5, "encoder": 0.25, "router": 0.125}
+
+
+def test_no_cpu_rows_where_nothing_was_sampled():
+    table = format_compare(comparison(column("hf", [4], 1.0), column("cluster", [4], 0.5)))
+    assert "CPU-s" not in table
