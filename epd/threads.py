@@ -72,6 +72,15 @@ def busy_cores_of_others(before: tuple[int, int, int], after: tuple[int, int, in
     return max(busy - own, 0) / total * cpus
 
 
+def process_stat(stat_text: str) -> tuple[int, int]:
+    """(parent pid, user + system clock ticks) from a /proc/PID/stat line; pure.
+
+    The command name (in parentheses) may hold spaces and parentheses itself: fields are counted
+    after its last ")"."""
+    fields = stat_text.rsplit(")", 1)[1].split()
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
 def cpu_ticks(stat_text: str, cpus: frozenset[int] | None) -> tuple[int, int] | None:
     """(busy ticks, all ticks) of the given CPUs (None: all of them) from /proc/stat's text; pure.
 
@@ -131,12 +140,12 @@ class HostLoad:
             with open("/proc/stat") as stat:
                 ticks = cpu_ticks(stat.read(), self.cpu_set)
             with open("/proc/self/stat") as own:
-                mine = own.read().rsplit(")", 1)[1].split()
+                _, mine = process_stat(own.read())
         except (OSError, ValueError, IndexError):
             return None
         if ticks is None:
             return None
-        return ticks[0], ticks[1], int(mine[11]) + int(mine[12])  # utime + stime
+        return ticks[0], ticks[1], mine
 
 
 @dataclass

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-ROLES = ("encoder", "prefill", "decode", "colocated", "router", "serve")
+from epd.threads import process_stat
+
+ROLES = ("router", "encoder", "prefill", "decode", "colocated", "serve")  # a request's path, then the launcher
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -26,15 +28,6 @@ def role_of(argv: list[str]) -> str | None:
     return None
 
 
-def parse_stat(text: str) -> tuple[int, int]:
-    """(parent pid, user + system clock ticks) from a /proc/PID/stat line; pure.
-
-    The command name (in parentheses) may hold spaces and parentheses itself: fields are counted
-    after its last ")"."""
-    fields = text.rsplit(")", 1)[1].split()
-    return int(fields[1]), int(fields[11]) + int(fields[12])
-
-
 def tree_cpu_s(root: int, label: Callable[[int], str | None], proc: str = "/proc") -> dict[str, float] | None:
     """CPU-seconds so far of `root` and every process below it, summed by `label(pid)` (None: left
     out); None where there is no /proc. A process that ends between the reads is simply missing."""
@@ -45,7 +38,7 @@ def tree_cpu_s(root: int, label: Callable[[int], str | None], proc: str = "/proc
         if name.isdigit():
             try:
                 with open(os.path.join(proc, name, "stat")) as f:
-                    parents[int(name)], ticks[int(name)] = parse_stat(f.read())
+                    parents[int(name)], ticks[int(name)] = process_stat(f.read())
             except (OSError, ValueError, IndexError):
                 continue
     children: dict[int, list[int]] = {}

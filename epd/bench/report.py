@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epd.bench.process_cpu import ROLES
 from epd.bench.results import RequestResult
 from epd.bench.stats import Summary
 
@@ -19,10 +20,6 @@ COMPARE_ROWS = (("output tok/s", "output_tok_per_s"), ("req/s", "req_per_s"),
                 ("TTFT p50 (ms)", "ttft_p50_ms"), ("TTFT p99 (ms)", "ttft_p99_ms"), ("TPOT p50 (ms)", "tpot_p50_ms"),
                 ("inter-token p50 (ms)", "itl_p50_ms"), ("inter-token p99 (ms)", "itl_p99_ms"),
                 ("e2e p50 (ms)", "e2e_p50_ms"), ("failures", "failures"))
-
-
-# The order of the CPU rows: the request's path, then the launcher.
-_ROLE_ORDER = ("router", "encoder", "prefill", "decode", "colocated", "serve")
 
 
 def fmt(value: float | None) -> str:
@@ -134,13 +131,12 @@ _PLOTTED = (("TTFT", lambda r: [r.ttft_s] if r.ttft_s is not None else []),
 def _cpu_rows(result: CompareResult) -> list[tuple[str, list[str]]]:
     """CPU-seconds per request of each role of the servers compare started (blank for other columns),
     and their sum: where the cores went, which throughput alone does not say."""
-    roles = sorted({role for col in result.columns for role in col.cpu_medians}, key=_ROLE_ORDER.index)
+    medians = [col.cpu_medians for col in result.columns]
+    roles = [role for role in ROLES if any(role in m for m in medians)]
     if not roles:
         return []
-    rows = [(f"CPU-s/request {role}", [fmt(col.cpu_medians.get(role)) if col.cpu_medians else ""
-                                       for col in result.columns]) for role in roles]
-    rows.append(("CPU-s/request, all", [fmt(sum(col.cpu_medians.values())) if col.cpu_medians else ""
-                                        for col in result.columns]))
+    rows = [(f"CPU-s/request {role}", [fmt(m.get(role)) if m else "" for m in medians]) for role in roles]
+    rows.append(("CPU-s/request, all", [fmt(sum(m.values())) if m else "" for m in medians]))
     return rows
 
 

@@ -15,7 +15,6 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -31,19 +30,15 @@ constexpr float kCubic = 0.044715f;
 constexpr int64_t kGrain = 1 << 14;  // elements per task: 64 KiB of float32, a few microseconds
 
 // z = -2u: below -87, e^z is under float's smallest normal and the result is x; above 87 the
-// result is below 2^-126 |x| (ATen's is -0 there): -0 (x * 0, keeping ATen's sign).
-inline Vec gelu(Vec x) {
-  const Vec z = kMinusTwoSqrtTwoOverPi * (x + kCubic * x * x * x);
-  Vec clamped = z < -87.f ? -87.f : z;
+// result is below 2^-126 |x| (ATen's is -0 there): -0 (x * 0, keeping ATen's sign). One body for
+// a float (the tail) and, lane by lane, a Vec: exp_in_range has both.
+template <typename V>
+inline V gelu(V x) {
+  const V z = kMinusTwoSqrtTwoOverPi * (x + kCubic * x * x * x);
+  V clamped = z < -87.f ? -87.f : z;
   clamped = clamped > 87.f ? 87.f : clamped;
-  const Vec y = x / (1.f + epd_vec::exp_in_range(clamped));
+  const V y = x / (1.f + epd_vec::exp_in_range(clamped));
   return z > 87.f ? x * 0.f : y;
-}
-
-inline float gelu(float x) {
-  const float z = kMinusTwoSqrtTwoOverPi * (x + kCubic * x * x * x);
-  if (z > 87.f) return x * 0.f;
-  return x / (1.f + epd_vec::exp_in_range(std::max(z, -87.f)));
 }
 
 inline void store(float* dst, Vec v) { std::memcpy(dst, &v, sizeof(v)); }

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from epd.bench import process_cpu
-from epd.bench.process_cpu import epd_role, parse_stat, per_request, role_of, tree_cpu_s
+from epd.bench.process_cpu import epd_role, per_request, role_of, tree_cpu_s
+from epd.threads import process_stat
 
 
 @pytest.mark.parametrize(("argv", "role"), [
@@ -28,7 +29,7 @@ def test_role_is_the_word_after_epd(argv, role):
 def test_stat_fields_are_counted_after_the_last_parenthesis():
     # comm may hold spaces and ")": pid (comm) state ppid ... utime(14th) stime(15th)
     line = "4242 (epd (dec) ode) S 17 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 3 0 1 2 3\n"
-    assert parse_stat(line) == (17, 325)
+    assert process_stat(line) == (17, 325)
 
 
 def _fake_proc(root, processes: dict[int, tuple[int, int, list[str]]]):
