@@ -46,7 +46,7 @@ class SequenceInputs:
 @dataclass
 class _Batch:
     ids: list[int]
-    positions: list[torch.Tensor]
+    positions: list[torch.Tensor]  # prefill chunks' positions (the decodes' are in decode_columns)
     slots: list[torch.Tensor]  # prefill chunks' slots to write (the decodes' come from their contexts)
     contexts: list[torch.Tensor]  # prefill chunks' contexts to read
     images: list[ImageTensors]
@@ -55,6 +55,18 @@ class _Batch:
     # One-token items (decodes), packed from their block tables in one go rather than a tensor each
     decode_tables: list[list[int]] = field(default_factory=list)  # each one's block table
     decode_lengths: list[int] = field(default_factory=list)  # its context, the new token included
+    decode_columns: list[list[int]] = field(default_factory=list)  # its position on each row
+
+
+def packed_positions(decode_columns: list[list[int]], chunks: list[torch.Tensor]) -> torch.Tensor:
+    """A step's positions, [T] (1-D rope) or [rows, T] (M-RoPE): its decodes' first, from their
+    columns of ints in one tensor (a tensor per decode, then their cat: 212 against 30 us for 32
+    decodes with 1-D rope, 420 against 42 with M-RoPE), then its prefill chunks' ([n] or [rows, n]); pure."""
+    parts = list(chunks)
+    if decode_columns:
+        columns = torch.tensor(decode_columns, dtype=torch.long)  # [n, rows]
+        parts.insert(0, columns[:, 0] if columns.shape[1] == 1 else columns.t())  # one row: 1-D rope
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts, dim=-1)
 
 
 def decode_contexts(tables: list[list[int]], lengths: list[int], block_size: int,
@@ -103,7 +115,7 @@ class ModelRunner:
             self._pack(item, batch)
         device = self.cache.device  # the step is packed on the CPU, then moved once (no-ops on a CPU worker)
         layout = self._layout(items, batch).to(device)
-        positions = torch.cat(batch.positions, dim=-1).to(device)  # [T] or [rows, T]
+        positions = packed_positions(batch.decode_columns, batch.positions).to(device)  # [T] or [rows, T]
         position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
         images = [{name: t.to(device) for name, t in image.items()} for image in batch.images]
         mm = {"image": self.language.adapter.join_output(images)} if images else None
@@ -128,11 +140,12 @@ class ModelRunner:
         seq, start, stop = item.seq, item.start, item.start + item.num_new_tokens
         inputs: SequenceInputs = seq.inputs
         batch.ids.extend(seq.token_ids[start:stop])
-        batch.positions.append(inputs.positions(start, stop))
         if item.num_new_tokens == 1:  # a decode (execute packs them first)
             batch.decode_tables.append(seq.block_table)
             batch.decode_lengths.append(stop)
+            batch.decode_columns.append(inputs.plan.column(start))
         else:
+            batch.positions.append(inputs.positions(start, stop))
             batch.slots.append(self._slots(seq, start, stop))
             batch.contexts.append(self._slots(seq, 0, stop))
         for span, tensors in zip(seq.images, inputs.images, strict=True):

@@ -27,6 +27,14 @@ class PositionPlan:
     def rows(self) -> int:
         return 1 if self.prefill.ndim == 1 else self.prefill.shape[0]
 
+    def column(self, index: int) -> list[int]:
+        """Token `index`'s position on each row (one row for 1-D rope, three for M-RoPE), as ints: a
+        decode step packs its decodes' positions from these into one tensor, not a tensor each."""
+        if index < self.prefill.shape[-1]:
+            value = self.prefill[..., index].tolist()
+            return value if isinstance(value, list) else [value]
+        return [index + self.delta] * self.rows
+
     def decode_positions(self, start: int, count: int = 1) -> torch.Tensor:
         """Positions of tokens at absolute indices start..start+count-1: [count] or [rows, count]."""
         pos = torch.arange(start, start + count, dtype=torch.long) + self.delta  # [count]
