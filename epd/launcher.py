@@ -1,8 +1,10 @@
 """`epd serve`: the whole cluster on one machine, each role its own OS process on loopback.
 
-Workers start first, each with port 0 and a ready file (so no port is guessed and raced); the
-router starts once every worker has written its file, and the URL is printed only when the
-router's /ready says every role has a ready worker. Children get PR_SET_PDEATHSIG, so even a
+Every process starts at once, each worker with port 0 and a ready file (so no port is guessed and
+raced). The router, whose imports (torch through transformers) take ~4 CPU-s, loads meanwhile and
+learns the workers' addresses from a workers file (router/discovery.py) that is written once every
+worker has written its ready file; the URL is printed only when the router's /ready says every
+role has a ready worker. Children get PR_SET_PDEATHSIG, so even a
 SIGKILLed launcher leaves no orphan; SIGTERM / Ctrl-C stop them in order and wait, bounded.
 
 Once serving, a worker that dies is restarted (epd.supervision says when, and when to give up) on
@@ -107,6 +109,15 @@ def child_environment(parent: Mapping[str, str], cpus: tuple[int, ...] | None = 
     return env
 
 
+def workers_file_json(infos: list[dict], host: str) -> str:
+    """The router's workers file (router/discovery.py) from the workers' ready files; a colocated
+    worker serves all three roles; pure."""
+    workers = [{"role": role, "address": info["address"], "metrics_url": f"http://{host}:{info['metrics_port']}/metrics"}
+               for info in infos
+               for role in (("encoder", "prefill", "decode") if info["role"] == "colocated" else (info["role"],))]
+    return json.dumps({"workers": workers})
+
+
 class StartupFailed(RuntimeError):
     pass
 
@@ -193,7 +204,7 @@ class Cluster:
     def start(self) -> str:
         """Start every process; return the router's base URL once the cluster is ready."""
         o = self.options
-        workers = []
+        workers = []  # their ready files
         for name, role in o.processes()[:-1]:
             ready = self.run_dir / f"{name}.json"
             args = [role, "--model", o.model_dir, "--host", o.host, "--ready-file", str(ready),
@@ -203,23 +214,20 @@ class Cluster:
             args += list(passed_to(role, o.engine_args))
             self._spawn(name, role, args, ready)
             workers.append(ready)
-        infos = [self._wait_file(path) for path in workers]
-        now = time.monotonic()
-        for child, info in zip(self.children, infos, strict=True):
-            child.address, child.metrics_port, child.ready_at = info["address"], int(info["metrics_port"]), now
-        self.write_supervision()
         router_ready = self.run_dir / "router.json"
         args = ["router", "--model", o.model_dir, "--host", o.host, "--port", str(o.port),
                 "--grpc-port", str(o.grpc_port), "--ready-file", str(router_ready), "--log-level", o.log_level,
-                "--supervision-file", str(self.supervision_file)]
-        for info in infos:
-            endpoint = f"{info['address']},metrics=http://{o.host}:{info['metrics_port']}/metrics"
-            for role in ("encoder", "prefill", "decode") if info["role"] == "colocated" else (info["role"],):
-                args += [f"--{role}", endpoint]
+                "--supervision-file", str(self.supervision_file), "--workers-file", str(self.workers_file)]
         for host in o.allow_url_hosts:
             args += ["--allow-url-host", host]
         args += self._tracing_args()
         self._spawn("router", "router", args, router_ready)
+        infos = [self._wait_file(path) for path in workers]
+        now = time.monotonic()
+        for child, info in zip(self.children[:len(infos)], infos, strict=True):
+            child.address, child.metrics_port, child.ready_at = info["address"], int(info["metrics_port"]), now
+        self.write_supervision()
+        write_atomically(self.workers_file, workers_file_json(infos, o.host))
         router = self._wait_file(router_ready)
         url = f"http://{o.host}:{router['http_port']}"
         self._wait_ready(url)
@@ -261,6 +269,10 @@ class Cluster:
             env["CUDA_VISIBLE_DEVICES"] = self.gpu_plan[name]
         return subprocess.Popen(epd_command() + args, preexec_fn=child_setup(cpus), stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=env)
+
+    @property
+    def workers_file(self) -> Path:
+        return self.run_dir / "workers.json"
 
     @property
     def supervision_file(self) -> Path:

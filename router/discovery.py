@@ -117,30 +117,35 @@ class FileDiscovery:
         self.interval_s = interval_s
         self._seen: float | None = None
 
-    def refresh(self) -> None:
+    def refresh(self) -> bool:
+        """Read the file if it changed; True when it was read and reported."""
         try:
             mtime = self.path.stat().st_mtime
         except FileNotFoundError:
-            return  # not written yet: no workers from this source
+            return False  # not written yet: no workers from this source
         if mtime == self._seen:
-            return
+            return False
         try:
             entries = json.loads(self.path.read_text())["workers"]
             specs = {WorkerSpec(e["role"], e["address"], e.get("metrics_url", "")) for e in entries}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("workers file %s is unreadable (%s); keeping its workers as they were", self.path, exc)
-            return
+            return False
         bad = sorted({s.role for s in specs} - set(ROLES))
         if bad:
             log.warning("workers file %s names unknown roles %s; ignored", self.path, bad)
-            return
+            return False
         self._seen = mtime
         self.registry.set_members(f"file:{self.path}", specs)
+        return True
 
     async def run(self) -> None:
         while True:
             try:
-                self.refresh()
+                if self.refresh():
+                    # New workers are routable once a health check passes: check now rather than at
+                    # the next poll (`epd serve` waits on this for the cluster to be ready).
+                    await self.registry.poll_once()
             except Exception:  # a poller that dies would freeze membership; log and go on
                 log.exception("file discovery failed")
             await asyncio.sleep(self.interval_s)

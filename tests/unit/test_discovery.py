@@ -116,21 +116,50 @@ def test_a_workers_file_is_read_when_it_changes(tmp_path):
         path = tmp_path / "workers.json"
         registry = WorkerRegistry([])
         discovery = FileDiscovery(registry, path)
-        discovery.refresh()  # not written yet: nothing
+        assert discovery.refresh() is False  # not written yet: nothing
         assert registry.workers == []
         path.write_text(json.dumps({"workers": [{"role": "decode", "address": "127.0.0.1:7005",
                                                  "metrics_url": "http://127.0.0.1:9/metrics"}]}))
-        discovery.refresh()
+        assert discovery.refresh() is True
+        assert discovery.refresh() is False  # unchanged: not read again
         assert _members(registry) == {"127.0.0.1:7005": "starting"}
         assert registry.workers[0].spec.metrics_url == "http://127.0.0.1:9/metrics"
         path.write_text("{not json")
         discovery._seen = None
-        discovery.refresh()  # unreadable: kept as it was
+        assert discovery.refresh() is False  # unreadable: kept as it was
         assert _members(registry) == {"127.0.0.1:7005": "starting"}
         path.write_text(json.dumps({"workers": []}))
         discovery._seen = None
         discovery.refresh()
         assert _members(registry) == {"127.0.0.1:7005": "draining"}
         await registry.close()
+
+    asyncio.run(scenario())
+
+
+def test_workers_from_a_file_are_health_checked_at_once_not_at_the_next_poll(tmp_path):
+    """`epd serve` writes the file once its workers are ready and waits for the router's /ready."""
+    from grpc import aio
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    async def scenario():
+        server = aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        registry = WorkerRegistry([], interval_s=3600)  # its own poll would not come in this test's life
+        path = tmp_path / "workers.json"
+        path.write_text(json.dumps({"workers": [{"role": "prefill", "address": f"127.0.0.1:{port}"}]}))
+        poller = asyncio.create_task(FileDiscovery(registry, path, interval_s=3600).run())
+        try:
+            for _ in range(100):
+                if _members(registry) == {f"127.0.0.1:{port}": "ready"}:
+                    break
+                await asyncio.sleep(0.05)
+            assert _members(registry) == {f"127.0.0.1:{port}": "ready"}
+        finally:
+            poller.cancel()
+            await registry.close()
+            await server.stop(None)
 
     asyncio.run(scenario())

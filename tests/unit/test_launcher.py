@@ -61,3 +61,62 @@ def test_each_worker_gets_the_engine_flags_it_takes(monkeypatch):
     encoder, decode = commands["encoder-0"], commands["decode-0"]
     assert encoder[encoder.index("--kernels") + 1] == "torch" and "--kv-blocks" not in encoder
     assert decode[decode.index("--kernels") + 1] == "torch" and decode[decode.index("--kv-blocks") + 1] == "64"
+
+
+def test_the_workers_file_names_every_role_a_worker_serves():
+    import json
+
+    from epd.launcher import workers_file_json
+
+    infos = [{"role": "encoder", "address": "127.0.0.1:5001", "metrics_port": 9001},
+             {"role": "colocated", "address": "127.0.0.1:5002", "metrics_port": 9002}]
+    assert json.loads(workers_file_json(infos, "127.0.0.1")) == {"workers": [
+        {"role": "encoder", "address": "127.0.0.1:5001", "metrics_url": "http://127.0.0.1:9001/metrics"},
+        {"role": "encoder", "address": "127.0.0.1:5002", "metrics_url": "http://127.0.0.1:9002/metrics"},
+        {"role": "prefill", "address": "127.0.0.1:5002", "metrics_url": "http://127.0.0.1:9002/metrics"},
+        {"role": "decode", "address": "127.0.0.1:5002", "metrics_url": "http://127.0.0.1:9002/metrics"}]}
+
+
+def test_the_router_starts_with_the_workers_and_learns_them_from_the_file(monkeypatch):
+    """Spawned before any worker is ready (it loads meanwhile), it gets no addresses on its command
+    line, and the file it reads is written once every worker is ready."""
+    import json
+    import shutil
+
+    import pytest
+
+    from epd.launcher import Cluster, ServeOptions
+
+    class Started:
+        def poll(self):
+            return None
+
+    class RouterStarting(Exception):
+        pass
+
+    cluster = Cluster(ServeOptions(model_dir="/m"))
+    spawned: list[str] = []
+    files_at_spawn: dict[str, bool] = {}
+
+    def popen(name, args):
+        spawned.append(name)
+        files_at_spawn[name] = cluster.workers_file.exists()
+        if name == "router":
+            assert "--encoder" not in args and args[args.index("--workers-file") + 1] == str(cluster.workers_file)
+        return Started()
+
+    def wait_file(path):
+        if path.stem == "router":
+            raise RouterStarting
+        return {"address": f"127.0.0.1:{len(spawned)}", "metrics_port": 1, "role": path.stem.split("-")[0]}
+
+    monkeypatch.setattr(cluster, "_popen", popen)
+    monkeypatch.setattr(cluster, "_wait_file", wait_file)
+    try:
+        with pytest.raises(RouterStarting):
+            cluster.start()
+        roles = [w["role"] for w in json.loads(cluster.workers_file.read_text())["workers"]]
+    finally:
+        shutil.rmtree(cluster.run_dir)
+    assert spawned == ["encoder-0", "prefill-0", "decode-0", "router"] and not any(files_at_spawn.values())
+    assert roles == ["encoder", "prefill", "decode"]
