@@ -8,9 +8,13 @@
 //
 // torch.ops.epd.linear_decode(x [T, K], w [N, K]) -> [T, N], all float32, as F.linear(x, w) up to
 // the order of each dot product's sum (a few units in the last place).
+// torch.ops.epd.linear_rows(x [..., K], w [N, K], max_rows) -> [..., N]: the same for 1..max_rows
+// rows of float32, else at::linear(x, w); a layer's whole forward in one call (decode_linear.py),
+// since the Python around the product had cost a third as much as the product itself.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <torch/library.h>
 
 #include <cstdint>
@@ -38,8 +42,24 @@ at::Tensor linear_decode(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
+at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
+  const int64_t k = x.dim() ? x.size(-1) : 0, rows = k ? x.numel() / k : 0;
+  if (rows < 1 || rows > max_rows || x.scalar_type() != at::kFloat || w.scalar_type() != at::kFloat ||
+      !x.device().is_cpu() || !w.is_contiguous() || k % kLanes != 0)
+    return at::linear(x, w);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  return linear_decode(x.reshape({rows, k}).contiguous(), w).view(shape);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(epd, m) { m.def("linear_decode(Tensor x, Tensor w) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(epd, m) {
+  m.def("linear_decode(Tensor x, Tensor w) -> Tensor");
+  m.def("linear_rows(Tensor x, Tensor w, int max_rows) -> Tensor");
+}
 
-TORCH_LIBRARY_IMPL(epd, CPU, m) { m.impl("linear_decode", linear_decode); }
+TORCH_LIBRARY_IMPL(epd, CPU, m) {
+  m.impl("linear_decode", linear_decode);
+  m.impl("linear_rows", linear_rows);
+}

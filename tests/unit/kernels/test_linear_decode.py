@@ -87,3 +87,20 @@ def test_decode_rows_go_through_the_kernel_and_prompt_rows_through_the_library()
     torch.testing.assert_close(got_decode, want_decode, atol=1e-5, rtol=1e-5)
     assert torch.equal(got_decode, torch.ops.epd.linear_decode(decode.reshape(6, 64), layer.weight).view(2, 3, 48))
     assert torch.equal(got_prompt, F.linear(prompt, layer.weight))  # the library's own bits
+
+
+@pytest.mark.parametrize(("x", "w", "kernel"), [
+    (_random(2, 3, 64, seed=8), _random(48, 64, seed=9), True),  # [B, T, K], 6 rows
+    (_random(64, 5, seed=10).t(), _random(48, 64, seed=9), True),  # not contiguous: made so
+    (_random(9, 64, seed=11), _random(48, 64, seed=9), False),  # more rows than max_rows
+    (_random(0, 64, seed=12), _random(48, 64, seed=9), False),  # none
+    (_random(2, 36, seed=13), _random(48, 36, seed=9), False),  # K not whole vectors (of 8 or 16)
+    (_random(2, 64, seed=14).bfloat16(), _random(48, 64, seed=9).bfloat16(), False),
+])
+def test_linear_rows_takes_what_the_kernel_can_and_gives_the_rest_to_the_library(x, w, kernel):
+    got = torch.ops.epd.linear_rows(x, w, 8)
+    assert got.shape == (*x.shape[:-1], w.shape[0]) and got.dtype == x.dtype
+    k = x.shape[-1]
+    want = (torch.ops.epd.linear_decode(x.reshape(-1, k).contiguous(), w).view(got.shape) if kernel
+            else F.linear(x, w))
+    assert torch.equal(got, want)
