@@ -16,6 +16,7 @@ bfloat16 products stay with oneDNN, which reads a few rows' weights at its bandw
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from epd.kernels import WIDTH_MULTIPLE
 from epd.models.rerouting import reroute
@@ -31,9 +32,12 @@ def takes(module: torch.nn.Module) -> bool:
 
 
 def decode_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """x [..., in] -> [..., out]: the kernel for 1..MAX_ROWS float32 rows, else `F.linear`, chosen
-    (and x reshaped) inside the one native call: in Python the choice and the reshapes had cost 6-7 us
-    a call, 40-odd calls a Kimi decode step."""
+    """x [..., in] -> [..., out]: the kernel for 1..MAX_ROWS float32 rows, else `F.linear`. Past
+    MAX_ROWS straight to the library (a detour through the native call costs a dispatch); below it
+    the rest of the choice and the reshapes run inside one native call: in Python they had cost 6-7
+    us a call, 49 calls a Kimi decode step."""
+    if x.numel() > MAX_ROWS * x.shape[-1]:
+        return F.linear(x, self.weight)
     return torch.ops.epd.linear_rows(x, self.weight, MAX_ROWS)
 
 
