@@ -73,8 +73,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    default=env_default("scheduler_policy", "decode_first"))
     g.add_argument("--no-prefix-cache", action="store_true", help="never reuse KV blocks across requests")
     add_kernels_argument(g, "the decode attention reading the KV pool in place, a fused RMSNorm, the MoE "
-                            "experts' end, a decode step's experts and, in float32, its dense products; a "
-                            "colocated worker's vision GELU too")
+                            "experts' end, a decode step's experts and, in float32, its dense products and "
+                            "latent attention's rope; a colocated worker's vision GELU too")
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
                    help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "

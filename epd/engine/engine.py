@@ -82,8 +82,6 @@ class Engine:
             raise ValueError(f"a KV budget of {config.kv_cache_bytes} bytes holds {num_blocks} blocks of "
                              f"{config.block_size} tokens; at least 2 are needed")
         language.model.set_attn_implementation({"text_config": attention.register()})
-        if language.adapter.latent_attention and config.absorb_latent_attention:
-            mla.install(language.model)
         shape_buckets.install(language.model)  # prompt steps' row counts, for per-shape kernel builds
         ungrouped_router.install(language.model)  # bit for bit the library's routing, fewer operators
         self.cache = PagedKVCache(shapes, num_blocks, config.block_size, dtype=dtype,
@@ -92,6 +90,8 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         # built on a machine's first start
         native = use_native_kernels(config.kernels, self.cache.device, dtype, engine_kernels(dtype))
+        if language.adapter.latent_attention and config.absorb_latent_attention:
+            mla.install(language.model, native)
         if native:
             fused_norm.install(language.model)
             decode_linear.install(language.model)

@@ -6,7 +6,8 @@ place. `rms_norm.cpp` is the language model's RMSNorm in one pass instead of sev
 `moe.cpp` the weighted sum that ends an MoE layer's experts in one pass instead of four, and
 `moe_decode.cpp` a decode step's experts reading only the busy experts' weights, and
 `linear_decode.cpp` a float32 decode step's dense layers (both multiply as `row_products.h` does);
-`gelu_tanh.cpp` is the vision towers' activation, for the encoder.
+`gelu_tanh.cpp` is the vision towers' activation, for the encoder; `rope_interleave.cpp` the latent
+attention's rotary embedding in one call instead of twenty-odd operators, with the library's bits.
 They are built with torch's own extension builder (ninja + the system C++ compiler, as inductor
 builds its CPU kernels) for this CPU (`-march=native`), the first time a worker on the machine
 needs them (about 5 s), into a folder keyed by torch's version and the CPU's feature flags, so a
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("paged_decode.cpp", "rms_norm.cpp", "moe.cpp", "moe_decode.cpp", "linear_decode.cpp",
-                             "gelu_tanh.cpp"))
+                             "gelu_tanh.cpp", "rope_interleave.cpp"))
 CFLAGS = ["-O3", "-march=native", "-fno-math-errno"]
 
 
@@ -65,7 +66,8 @@ def cpu_digest() -> str:
 
 def load_kernels() -> BuildResult:
     """Build (first time on this machine) and load `torch.ops.epd.paged_decode`, `.rms_norm`,
-    `.moe_combine`, `.moe_decode`, `.linear_decode` and `.gelu_tanh`; memoised per process."""
+    `.moe_combine`, `.moe_decode`, `.linear_decode`, `.linear_rows`, `.gelu_tanh` and `.rope_interleave`;
+    memoised per process."""
     global _result
     with _lock:
         if _result is None:

@@ -24,6 +24,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "no_fma.h"
+
 namespace {
 
 constexpr int64_t kRowsPerTask = 16;
@@ -31,14 +33,6 @@ constexpr int64_t kRowsPerTask = 16;
 template <typename T>
 inline float widen(T x) { return static_cast<float>(x); }  // c10::BFloat16's own conversion: a shift
 
-// x * x rounded to float before it is added, as ATen's pow(2) writes it to a tensor: without this
-// GCC fuses the product into the sum (an FMA), one rounding fewer than the library's.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#define EPD_NO_FMA
-#else
-#define EPD_NO_FMA __attribute__((optimize("fp-contract=off")))
-#endif
 
 typedef float Vec1 __attribute__((vector_size(sizeof(float))));
 typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
@@ -68,7 +62,7 @@ inline int64_t ceil_log2(int64_t x) {  // ATen's utils::CeilLog2, 1 for x <= 2
 // its AVX-512 kernels, else 8): the row's whole vectors as groups of 4 (four accumulators), whose
 // sums cascade every 16 groups through 4 levels to keep long rows accurate; then the leftover
 // vectors into the first accumulator, the four into one, and the leftover scalars, then the lanes,
-// one by one into a float.
+// one by one into a float. Each square is rounded before it is added, as ATen's pow(2) writes it.
 template <int64_t L, typename T>
 EPD_NO_FMA float sum_of_squares(const T* row, int64_t width) {
   using S = Squares<L, T>;
