@@ -33,7 +33,6 @@ constexpr int64_t kRowsPerTask = 16;
 template <typename T>
 inline float widen(T x) { return static_cast<float>(x); }  // c10::BFloat16's own conversion: a shift
 
-
 typedef float Vec1 __attribute__((vector_size(sizeof(float))));
 typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
 typedef float Vec16 __attribute__((vector_size(16 * sizeof(float))));
@@ -92,10 +91,7 @@ EPD_NO_FMA float sum_of_squares(const T* row, int64_t width) {
   for (int64_t v = groups * kIlp; v < vectors; ++v) total += S::at(row + v * L);
   for (int64_t k = 1; k < kIlp; ++k) total += acc[0][k];
   float sum = 0.f;
-  for (int64_t e = vectors * L; e < width; ++e) {
-    const float square = widen(row[e]) * widen(row[e]);
-    sum += square;
-  }
+  for (int64_t e = vectors * L; e < width; ++e) sum += widen(row[e]) * widen(row[e]);
   for (int64_t j = 0; j < L; ++j) sum += total[j];
   return sum;
 }
