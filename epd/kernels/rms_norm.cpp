@@ -12,7 +12,6 @@
 // Registered as torch.ops.epd.rms_norm(x [..., D] contiguous, weight [D] same dtype, eps) -> [..., D].
 
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
@@ -30,18 +29,23 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 16;
 
+// The float vector width of the kernel that ATen's sum runs: 8 on every x86 CPU, AVX-512 ones
+// included. ATen registers its sum with REGISTER_DISPATCH, which leaves the AVX-512 slot empty (its
+// AVX-512 reductions were slower), so an "AVX512" CPU runs the AVX2 kernel: Vectorized<float> of 8.
+// Taking 16 there (stop 33) parted from the library's bits on 1 row in 4 (an AVX-512 Zen 4).
+constexpr int64_t kSumLanes = 8;
+
 template <typename T>
 inline float widen(T x) { return static_cast<float>(x); }  // c10::BFloat16's own conversion: a shift
 
 typedef float Vec1 __attribute__((vector_size(sizeof(float))));
 typedef float Vec8 __attribute__((vector_size(8 * sizeof(float))));
-typedef float Vec16 __attribute__((vector_size(16 * sizeof(float))));
 
 template <int64_t L, typename T>
 struct Squares {
   // GCC takes no vector_size that depends on L
-  using Vec = std::conditional_t<L == 16, Vec16, std::conditional_t<L == 8, Vec8, Vec1>>;
-  static_assert(L == 1 || L == 8 || L == 16);
+  using Vec = std::conditional_t<L == 8, Vec8, Vec1>;
+  static_assert(L == 1 || L == 8);
   static EPD_NO_FMA inline Vec at(const T* src) {  // src[0..L)^2, one ATen Vectorized<float> load
     Vec v;
     if constexpr (sizeof(T) == sizeof(float)) {
@@ -57,8 +61,8 @@ inline int64_t ceil_log2(int64_t x) {  // ATen's utils::CeilLog2, 1 for x <= 2
   return x <= 2 ? 1 : 64 - __builtin_clzll(static_cast<uint64_t>(x - 1));
 }
 
-// sum(row[0..width)^2) in ATen's order for L-float vectors (Vectorized<float>::size(): 16 with
-// its AVX-512 kernels, else 8): the row's whole vectors as groups of 4 (four accumulators), whose
+// sum(row[0..width)^2) in ATen's order for L-float vectors (kSumLanes, or 1): the row's whole
+// vectors as groups of 4 (four accumulators), whose
 // sums cascade every 16 groups through 4 levels to keep long rows accurate; then the leftover
 // vectors into the first accumulator, the four into one, and the leftover scalars, then the lanes,
 // one by one into a float. Each square is rounded before it is added, as ATen's pow(2) writes it.
@@ -118,19 +122,9 @@ void normalize_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t w
   });
 }
 
-// ATen's float vector width at run time: its AVX-512 kernels are chosen by the CPU (and
-// ATEN_CPU_CAPABILITY), not by how this file was compiled.
-bool aten_uses_16_lanes() {
-  static const bool sixteen = at::get_cpu_capability() == "AVX512";
-  return sixteen;
-}
-
 template <typename T>
 void normalize(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
-  if (aten_uses_16_lanes())
-    normalize_rows<16>(x, weight, out, rows, width, eps);
-  else
-    normalize_rows<8>(x, weight, out, rows, width, eps);
+  normalize_rows<kSumLanes>(x, weight, out, rows, width, eps);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

@@ -3,6 +3,10 @@ its installation on a model's norms (epd/engine/fused_norm.py). Model-free."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
@@ -57,6 +61,30 @@ def test_equal_on_one_thread_and_on_two():
             assert torch.equal(torch.ops.epd.rms_norm(x, norm.weight, norm.variance_epsilon), norm(x)), count
     finally:
         torch.set_num_threads(threads)
+
+
+_UNDER_A_CAPABILITY = """
+import torch
+from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextRMSNorm
+from epd.kernels.native import load_kernels
+assert load_kernels().ok
+norm = Qwen3VLMoeTextRMSNorm(1565, eps=1e-6)
+x = torch.randn(33, 1565, generator=torch.Generator().manual_seed(5)) * 3
+print(torch.backends.cpu.get_cpu_capability(), int((torch.ops.epd.rms_norm(x, norm.weight, 1e-6) != norm(x)).sum()))
+"""
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2", "avx512"])
+def test_equal_whichever_kernels_aten_picks(capability):
+    """ATen's sum runs 8-float vectors under every capability (its AVX-512 slot for sum is empty):
+    stop 33 took 16 on AVX-512 CPUs and parted from the library there. ATEN_CPU_CAPABILITY caps
+    what ATen picks; a CPU without a capability runs the best one it has."""
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    out = subprocess.run([sys.executable, "-c", _UNDER_A_CAPABILITY], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    picked, differ = out.stdout.split()
+    assert differ == "0", f"{differ} values differ from the library's layer under ATen's {picked} kernels"
 
 
 def test_refuses_mismatched_or_unsupported_inputs():
