@@ -5,8 +5,12 @@ core's bandwidth, and at batch 1-8 a float32 step is mostly its dense layers' we
 (Kimi small: 48 products per step, 5.5 of a 20.5 ms step at batch 2). The kernel reads each weight
 once per four rows; against `F.linear`, weights out of cache, AVX2 Zen 3 (/tmp/s30_lin.py), one
 thread: 1.05-1.4x as fast at 1 row, 1.5-2.2x at 2, 1.6-2.6x at 4, 1.2-2.2x at 8, 1.0-1.5x at 16
-and 0.85-0.96x at 32; two threads: 1.7-2.4x at 2-4 rows, 1.0-2.0x at 8, 0.73-1.44x at 16. So it
-takes calls of up to `MAX_ROWS` rows; a prompt step's products stay with MKL.
+and 0.85-0.96x at 32; two threads: 1.7-2.4x at 2-4 rows, 1.0-2.0x at 8, 0.73-1.44x at 16. On an
+AVX-512 Zen 4, since the kernel's L2 prefetches (stop 34), 1.25-1.6x at 16 rows and 1.1-1.3x at 32
+(one thread); whole steps with the limit swapped every 5 steps in one process: Kimi small batch 16
+26.7 -> 23.3 ms at 8 -> 16 (two threads 23.9 -> 22.1), Qwen small 30.0 -> 28.0, batch 12 23.5 ->
+19.8; past 16 no gain on two threads (batch 32: 34.7 against 35.2). So it takes calls of up to
+`MAX_ROWS` rows; a prompt step's products stay with MKL.
 
 The sums run in another order than MKL's, so an output differs from the library's by a few units in
 float32's last place, as the products of a batch of 16 already differ from those of batch 1 in MKL.
@@ -21,7 +25,7 @@ import torch.nn.functional as F
 from epd.kernels import WIDTH_MULTIPLE
 from epd.models.rerouting import reroute
 
-MAX_ROWS = 8
+MAX_ROWS = 16
 
 
 def takes(module: torch.nn.Module) -> bool:
