@@ -155,11 +155,20 @@ void attend_group(const T* query, const T* key_a, const T* key_b, const T* value
   for (int64_t g = 0; g < group; ++g) {
     float* sc = scores.data() + g * len;
     const float top = max_of(sc, len);
-    float total = 0.f;
-    for (int64_t t = 0; t < len; ++t) sc[t] = exp_nonpositive(sc[t] - top);
-    for (int64_t t = 0; t < len; ++t) total += sc[t];
+    // e^(score - top) a vector at a time, summed in kLanes running sums: a float sum one score
+    // after another is a chain of dependent adds (four cycles each).
+    Vec lanes = {};
+    int64_t t = 0;
+    for (; t + kLanes <= len; t += kLanes) {
+      const Vec x = load(sc + t) - top, floor = Vec{} - 87.f;
+      const Vec e = exp_in_range(x > floor ? x : floor);  // as exp_nonpositive: 0 after the sum below -87
+      std::memcpy(sc + t, &e, sizeof(e));
+      lanes += e;
+    }
+    float total = sum(lanes);
+    for (; t < len; ++t) total += (sc[t] = exp_nonpositive(sc[t] - top));
     const float inv = 1.f / total;
-    for (int64_t t = 0; t < len; ++t) sc[t] *= inv;
+    for (t = 0; t < len; ++t) sc[t] *= inv;
   }
   // Weighted sum of values, one kLanes-wide column strip at a time with up to kHeadsInRegisters
   // heads' sums held in registers across the whole context (not loaded and stored at every row).
