@@ -41,7 +41,7 @@ inline V gelu(V x) {
   return z > 87.f ? x * 0.f : y;
 }
 
-inline void store(float* dst, Vec v) { std::memcpy(dst, &v, sizeof(v)); }
+using epd_vec::store;
 inline void store(c10::BFloat16* dst, Vec v) {
   for (int64_t lane = 0; lane < kLanes; ++lane) dst[lane] = static_cast<c10::BFloat16>(v[lane]);
 }

@@ -160,9 +160,8 @@ void attend_group(const T* query, const T* key_a, const T* key_b, const T* value
     Vec lanes = {};
     int64_t t = 0;
     for (; t + kLanes <= len; t += kLanes) {
-      const Vec x = load(sc + t) - top, floor = Vec{} - 87.f;
-      const Vec e = exp_in_range(x > floor ? x : floor);  // as exp_nonpositive: 0 after the sum below -87
-      std::memcpy(sc + t, &e, sizeof(e));
+      const Vec e = exp_nonpositive(load(sc + t) - top);
+      store(sc + t, e);
       lanes += e;
     }
     float total = sum(lanes);

@@ -101,18 +101,18 @@ EPD_NO_FMA float sum_of_squares(const T* row, int64_t width) {
 }
 
 // A row narrower than a vector ATen sums one float at a time, in the same order (L = 1).
-template <int64_t L, typename T>
+template <typename T>
 float row_sum_of_squares(const T* row, int64_t width) {
-  return width >= L ? sum_of_squares<L>(row, width) : sum_of_squares<1>(row, width);
+  return width >= kSumLanes ? sum_of_squares<kSumLanes>(row, width) : sum_of_squares<1>(row, width);
 }
 
-template <int64_t L, typename T>
-void normalize_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
+template <typename T>
+void normalize(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
   at::parallel_for(0, rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = x + r * width;
       T* dst = out + r * width;
-      const float mean = row_sum_of_squares<L>(row, width) / static_cast<float>(width);  // ATen: sum, then div_
+      const float mean = row_sum_of_squares(row, width) / static_cast<float>(width);  // ATen: sum, then div_
       const float inverse = 1.f / std::sqrt(mean + eps);  // ATen's rsqrt: 1 / sqrt, each rounded
       for (int64_t e = 0; e < width; ++e) {
         const T normed = static_cast<T>(widen(row[e]) * inverse);  // rounded to the dtype, as .to(input_dtype)
@@ -120,11 +120,6 @@ void normalize_rows(const T* x, const T* weight, T* out, int64_t rows, int64_t w
       }
     }
   });
-}
-
-template <typename T>
-void normalize(const T* x, const T* weight, T* out, int64_t rows, int64_t width, float eps) {
-  normalize_rows<kSumLanes>(x, weight, out, rows, width, eps);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {

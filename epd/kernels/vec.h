@@ -43,6 +43,8 @@ inline Vec load(const c10::BFloat16* src) {  // bfloat16 is float32's top half: 
   return v;
 }
 
+inline void store(float* dst, Vec v) { std::memcpy(dst, &v, sizeof(v)); }
+
 inline float round_bf16(float x) { return static_cast<float>(static_cast<c10::BFloat16>(x)); }
 
 inline Vec8 halves(Vec v) {  // the sum of the two 8-lane halves (16 lanes), or v itself (8)
@@ -100,9 +102,10 @@ inline Vec exp_in_range(Vec x) {
   return p * scale;
 }
 
-// e^x for x <= 0 (scores minus their max): below -87 it is under float's smallest normal, and 0
-// after a softmax's sum.
-inline float exp_nonpositive(float x) { return exp_in_range(std::max(x, -87.f)); }
+// e^x for x <= 0 (scores minus their max), for a float or, lane by lane, a Vec: below -87 it is
+// under float's smallest normal, and 0 after a softmax's sum.
+template <typename V>
+inline V exp_nonpositive(V x) { return exp_in_range(x < -87.f ? -87.f : x); }
 
 // e^x over float's whole range, as expf: 0 below -87.3, infinity above 88.72.
 inline float exp_any(float x) {
