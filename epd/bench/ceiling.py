@@ -93,8 +93,10 @@ def run_ceiling(model_dir: str, workload: str = "image-1", requests: int = 16, o
     from epd.bench.decode import dense_weight_bytes, read_bandwidth_gb_per_s
     from epd.bench.hf_baseline import HfBaseline
     from epd.bench.workloads import WorkloadSpec, make_requests
+    from epd.malloc import keep_freed_memory_warm
     from epd.models.loading import drop_submodules, load_config
 
+    keep_freed_memory_warm()  # as every worker does: a front end's large buffers reuse warm memory
     batch = make_requests(WorkloadSpec(workload), requests, seed=seed)
     warmup = make_requests(WorkloadSpec(workload), 1, seed=seed, stream="warmup")[0]
     baseline = HfBaseline(model_dir, dtype)

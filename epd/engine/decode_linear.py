@@ -10,7 +10,8 @@ AVX-512 Zen 4, since the kernel's L2 prefetches (stop 34), 1.25-1.6x at 16 rows 
 (one thread); whole steps with the limit swapped every 5 steps in one process: Kimi small batch 16
 26.7 -> 23.3 ms at 8 -> 16 (two threads 23.9 -> 22.1), Qwen small 30.0 -> 28.0, batch 12 23.5 ->
 19.8; past 16 no gain on two threads (batch 32: 34.7 against 35.2). So it takes calls of up to
-`MAX_ROWS` rows; a prompt step's products stay with MKL.
+`MAX_ROWS` rows; a prompt step's products, and decode batches past it, go to oneDNN where it is
+available (onednn_linear.py), else to MKL.
 
 The sums run in another order than MKL's, so an output differs from the library's by a few units in
 float32's last place, as the products of a batch of 16 already differ from those of batch 1 in MKL.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from epd.engine import onednn_linear
 from epd.kernels import WIDTH_MULTIPLE
 from epd.models.rerouting import reroute
 
@@ -45,6 +47,14 @@ def decode_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     return torch.ops.epd.linear_rows(x, self.weight, MAX_ROWS)
 
 
-def install(model: torch.nn.Module) -> int:
-    """Route every linear of `model` that `takes` through `decode_linear_forward`; returns how many."""
-    return reroute(model, takes, decode_linear_forward)
+def decode_linear_forward_onednn(self, x: torch.Tensor) -> torch.Tensor:
+    """As `decode_linear_forward`, past MAX_ROWS through oneDNN (onednn_linear.py) instead of MKL."""
+    if x.numel() > MAX_ROWS * x.shape[-1]:
+        return onednn_linear.linear(x, self.weight)
+    return torch.ops.epd.linear_rows(x, self.weight, MAX_ROWS)
+
+
+def install(model: torch.nn.Module, onednn: bool = False) -> int:
+    """Route every linear of `model` that `takes` through `decode_linear_forward` (`onednn`: its
+    oneDNN variant); returns how many."""
+    return reroute(model, takes, decode_linear_forward_onednn if onednn else decode_linear_forward)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from epd.engine import fused_gelu
+from epd.engine import fused_gelu, onednn_linear, vision_attention
 from epd.engine.native_kernels import ENCODER_KERNELS, use_native_kernels
 from epd.models.loading import EncoderModel
 from epd.models.registry import ImageTensors
@@ -43,13 +43,17 @@ class ImageEncoder:
 
     def __init__(self, encoder: EncoderModel, kernels: str = "auto") -> None:
         """`kernels`: auto | native | torch, as the engine's (epd.engine.native_kernels); native ones
-        run the vision tower's GELU (fused_gelu.py)."""
+        run the vision tower's GELU (fused_gelu.py), and in float32 its linears and attention's
+        products go through oneDNN (onednn_linear.py, vision_attention.py)."""
         if encoder.image_processor is None:  # load_encoder never allows this; keep the invariant loud
             raise ValueError(f"{encoder.model_dir}: an encoder needs an image processor")
         self.encoder = encoder
         weight = next(encoder.model.parameters())
         if use_native_kernels(kernels, weight.device, weight.dtype, ENCODER_KERNELS):  # builds them on a first start
             fused_gelu.install(encoder.model)
+            if weight.dtype == torch.float32 and onednn_linear.available():
+                onednn_linear.install(encoder.model)
+                vision_attention.install(encoder.model)
 
     @property
     def device(self) -> torch.device:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from epd import metrics
-from epd.engine import attention, decode_linear, fused_norm, mla, ungrouped_router
+from epd.engine import attention, decode_linear, fused_norm, mla, onednn_linear, ungrouped_router
 from epd.engine.block_manager import BlockManager
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
@@ -94,8 +94,9 @@ class Engine:
             mla.install(language.model, native)
         if native:
             fused_norm.install(language.model)
-            decode_linear.install(language.model)
-            experts.install_native(language.model)
+            onednn = dtype == torch.float32 and onednn_linear.available()  # many rows' float32 products
+            decode_linear.install(language.model, onednn)
+            experts.install_native(language.model, onednn)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
         self.step_threads: Callable[[int, int], int] | None = None

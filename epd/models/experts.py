@@ -52,6 +52,7 @@ from epd.models.shape_buckets import bucket_rows
 
 NAME = "epd_grouped_mm"
 NATIVE_NAME = "epd_grouped_mm_native"  # the same, combining through our C++ kernel (epd/kernels/moe.cpp)
+ONEDNN_NAME = "epd_grouped_mm_native_onednn"  # and in float32 each expert's rows through oneDNN
 # The weight bytes one product call's fixed cost is worth: oneDNN spent 40-50 us on a call with a
 # few bfloat16 rows, in which time one core reads about 1 MiB (20-30 GB/s).
 _CALL_COST_BYTES = 1 << 20
@@ -91,6 +92,16 @@ def native_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine)
 
 
+def onednn_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+    """As `native_experts_forward`, a float32 prompt step's expert products through oneDNN
+    (epd.engine.onednn_linear: 2.2-2.4x MKL's speed at 84-337 rows where MKL runs AVX2 code)."""
+    if _decodes_natively(self, hidden_states, top_k_index):
+        return native_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    products = _onednn_products if hidden_states.dtype == torch.float32 and not _library_only(self) else None
+    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine, products)
+
+
 def _pairs_per_expert(dtype: torch.dtype) -> float:
     """The most pairs per expert moe_decode takes in `dtype` on the calling thread's OpenMP threads."""
     if dtype == torch.float32:
@@ -120,8 +131,8 @@ def _library_only(self) -> bool:
 
 
 def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
-                     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor]
-                     ) -> torch.Tensor:
+                     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.dtype], torch.Tensor],
+                     products: Callable | None = None) -> torch.Tensor:
     if _library_only(self):
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
     tokens, top_k = top_k_index.shape
@@ -130,7 +141,8 @@ def _experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tenso
     if _batches_well(hidden_states) and (padded := _padded_products(self, hidden_states, token_of_pair, experts)):
         out, row_of_pair = padded  # [E*W, H], [T*k]: each sorted pair's row of out
     else:
-        out, row_of_pair = _grouped_products(self, hidden_states.index_select(0, token_of_pair), experts), None
+        out = (products or _grouped_products)(self, hidden_states.index_select(0, token_of_pair), experts)
+        row_of_pair = None
     back = torch.empty_like(perm)
     back[perm] = torch.arange(perm.numel(), device=perm.device)  # [T*k]: each (token, j) pair's sorted place
     index = back if row_of_pair is None else row_of_pair.index_select(0, back)  # [T*k]: its row of out
@@ -168,6 +180,24 @@ def _grouped_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.
     offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)  # [E]
     out = _grouped_linear(rows, self.gate_up_proj, offsets, is_transposed=self.is_transposed)  # [N, 2I]
     return _grouped_linear(self._apply_gate(out), self.down_proj, offsets, is_transposed=self.is_transposed)
+
+
+def _onednn_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """As `_grouped_products`, each expert's rows through oneDNN (epd.engine.onednn_linear.linear, which
+    pads them to its row buckets); rows [N, H] sorted by expert, experts [N] (sorted) -> [N, H]."""
+    from epd.engine.onednn_linear import linear
+
+    counts = torch.bincount(experts, minlength=self.num_experts).tolist()  # rows per expert
+    out, start = rows.new_empty(rows.shape), 0  # [N, H]
+    for expert, count in enumerate(counts):
+        if count:
+            gate_up, down = self.gate_up_proj[expert], self.down_proj[expert]  # [2I, H], [H, I] (else transposed)
+            if self.is_transposed:
+                gate_up, down = gate_up.t(), down.t()
+            mid = self._apply_gate(linear(rows[start:start + count], gate_up))  # [count, I]
+            out[start:start + count] = linear(mid, down)
+            start += count
+    return out
 
 
 def _batches_well(rows: torch.Tensor) -> bool:
@@ -214,10 +244,12 @@ def install(model: torch.nn.Module) -> int:
     return _switch(model, NAME, grouped_experts_forward, lambda module: module._can_set_experts_implementation())
 
 
-def install_native(model: torch.nn.Module) -> int:
+def install_native(model: torch.nn.Module, onednn: bool = False) -> int:
     """Switch the (sub)models `install` switched to `native_experts_forward` (torch.ops.epd.moe_combine
-    and .moe_decode must be loaded: epd.kernels.native); returns how many."""
-    return _switch(model, NATIVE_NAME, native_experts_forward,
+    and .moe_decode must be loaded: epd.kernels.native), or with `onednn` to `onednn_experts_forward`;
+    returns how many."""
+    name, forward = (ONEDNN_NAME, onednn_experts_forward) if onednn else (NATIVE_NAME, native_experts_forward)
+    return _switch(model, name, forward,
                    lambda module: getattr(module.config, "_experts_implementation", None) == NAME)
 
 

@@ -72,14 +72,16 @@ def _run_staggered(pipe: InProcessPipeline, order: list[int], every: int) -> dic
 @pytest.mark.parametrize("family", FAMILIES)
 def test_mixed_requests_admitted_at_different_steps(family, kernels, tiny_dirs):
     """Both kernel sets: ours (decode attention reading the pool in place, fused RMSNorm, MoE combine), torch's."""
+    from epd.engine import onednn_linear
     from epd.engine.ungrouped_router import ROUTER_CLASSES, ungrouped_router_forward
-    from epd.models.experts import NAME, NATIVE_NAME
+    from epd.models.experts import NAME, NATIVE_NAME, ONEDNN_NAME
 
     pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, kernels=kernels)
     assert pipe.engine.runner.decode_in_place is (kernels == "native")
     experts = {m.config._experts_implementation for m in pipe.engine.language.model.modules()
                if hasattr(m, "gate_up_proj") and hasattr(m, "config")}
-    assert experts == {NATIVE_NAME if kernels == "native" else NAME}
+    native = ONEDNN_NAME if onednn_linear.available() else NATIVE_NAME  # float32: prompt products through oneDNN
+    assert experts == {native if kernels == "native" else NAME}
     routers = [m for m in pipe.engine.language.model.modules() if type(m).__name__ in ROUTER_CLASSES]
     assert bool(routers) is (family == "kimi_k25")  # Kimi's (n_group 1); Qwen's router has no groups
     assert all(m.forward.__func__ is ungrouped_router_forward for m in routers)

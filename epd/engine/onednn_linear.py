@@ -1,0 +1,107 @@
+"""float32 products of many rows through oneDNN instead of MKL: the vision tower, prompt steps
+(dense layers and each expert's rows) and decode batches past `decode_linear.MAX_ROWS`.
+
+torch sends a float32 `F.linear` to MKL, and MKL, on a CPU not made by Intel, runs its AVX2 code
+even where the CPU has AVX-512. On an AVX-512 Zen 5 (2 vCPUs, one thread) MKL's float32 products
+ran at 108-118 GFLOP/s and oneDNN's (`torch.ops.mkldnn._linear_pointwise`, the op inductor's CPU
+backend calls, here with the plain [out, in] weight: no packed copy) at 220-275, for every shape a
+small checkpoint's vision tower and prompt step have (84-1024 rows, 128-1536 wide; /tmp/s35/gemm3.py).
+`generate` keeps MKL, so this is time the baseline spends and we need not.
+
+Bits: oneDNN adds in another order than MKL, so an output differs from the library's by a few units
+in float32's last place (2e-5 of 16 in a Kimi vision tower's output), as the native decode products
+already do. Each row's result is independent of how many rows go with it (checked for 2-1100 rows,
+one and two threads) except at one row, where oneDNN takes another kernel: a lone row is padded to
+two, so a prompt's token gets the same bits alone, chunked or batched with other prompts.
+
+oneDNN builds (JIT-compiles) a kernel per shape it meets (0.15-0.35 ms each, /tmp/s35/jit.py) and
+caches them; a prompt step's row counts past 16 (each expert's too) are rounded up to `bucket_rows`'
+few sizes (at most 1/8 more rows, zeros), so its varying lengths meet kernels already built and the
+cache stays small. An encoder's row counts are one per image size and stay as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+
+import torch
+import torch.nn.functional as F
+
+from epd.models.rerouting import reroute
+from epd.models.shape_buckets import bucket_rows
+
+log = logging.getLogger(__name__)
+
+X86 = ("x86_64", "amd64")
+
+
+def padded_rows(rows: int, bucket: bool = True) -> int:
+    """The row count a product of `rows` rows is computed at: at least 2, past 16 `bucket_rows` where
+    `bucket`; pure."""
+    return max(2, bucket_rows(rows) if bucket else rows)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           bucket: bool = True) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N], float32 on a CPU, through oneDNN.
+    `bucket=False` for callers whose row counts are few already (an encoder's: one per image size)."""
+    width = x.shape[-1]
+    rows = x.numel() // width
+    flat = x.reshape(rows, width)  # [M, K]
+    padded = padded_rows(rows, bucket)
+    if padded != rows:
+        flat = torch.cat([flat, flat.new_zeros(padded - rows, width)])  # [M', K]; zero rows never reach real ones
+    elif not flat.is_contiguous():
+        flat = flat.contiguous()
+    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")  # [M', N]
+    return out[:rows].view(*x.shape[:-1], weight.shape[0])
+
+
+def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """nn.Linear's forward through `linear`, rows unbucketed (the encoder's: a few image sizes)."""
+    return linear(x, self.weight, self.bias, bucket=False)
+
+
+def takes(module: torch.nn.Module) -> bool:
+    """A float32 nn.Linear on a CPU; pure."""
+    return (type(module) is torch.nn.Linear and module.weight.dtype == torch.float32
+            and module.weight.device.type == "cpu")
+
+
+def install(model: torch.nn.Module) -> int:
+    """Route every linear of `model` that `takes` through `linear`; returns how many."""
+    return reroute(model, takes, linear_forward)
+
+
+def unavailable() -> str | None:
+    """Why oneDNN cannot take float32 products here, or None (checked once against `F.linear`)."""
+    if platform.machine().lower() not in X86:
+        return f"oneDNN's float32 products are used on x86 CPUs only (this is {platform.machine()})"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "this torch build has no oneDNN (mkldnn) linear"
+    generator = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 64, generator=generator), torch.randn(48, generator=generator)
+    for rows in (1, 3, 37):
+        x = torch.randn(rows, 64, generator=generator)
+        try:
+            got = linear(x, weight, bias)
+        except RuntimeError as exc:
+            return f"oneDNN's linear raised: {str(exc).splitlines()[0]}"
+        error = (got - F.linear(x, weight, bias)).abs().max().item()
+        if not error <= 1e-4 * 64:  # NaN fails too
+            return f"oneDNN's linear is off by {error:.3g} from torch's at {rows} rows"
+    return None
+
+
+_availability: str | None | bool = False  # False: not checked yet
+
+
+def available() -> bool:
+    """Whether `linear` may be used here: checked once per process, and logged when not."""
+    global _availability
+    if _availability is False:
+        _availability = unavailable()
+        if _availability is not None:
+            log.warning("float32 products stay with torch's (MKL): %s", _availability)
+    return _availability is None
