@@ -5,8 +5,10 @@ The kernels: the decode attention reading the KV pool in place (attention.pool_d
 instead of gathering every context and two products), the language model's RMSNorm in one call
 (fused_norm.py), the MoE experts' weighted sum in one, a decode step's experts (epd.models.experts)
 and, in float32, its dense layers (decode_linear.py); for an encoder, the vision tower's GELU
-(fused_gelu.py). `auto` (the default) takes them where they run (a CPU model of float32 or
-bfloat16) and build and pass their self-check; `native` refuses to start without them; `torch`
+(fused_gelu.py). With them, float32 products of many rows (prompt steps, the vision tower) go to
+oneDNN instead of MKL where oneDNN is there (onednn_linear.py, vision_attention.py). `auto` (the
+default) takes them where they run (a CPU model of float32 or bfloat16) and build and pass their
+self-check; `native` refuses to start without them; `torch`
 never builds them. On a GPU the model stays with torch's kernels.
 """
 

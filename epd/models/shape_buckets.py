@@ -8,7 +8,9 @@ new, 61 ms for another prompt of a length already seen (Kimi small, bfloat16, on
 it in oneDNN's own log of the builds). So row counts above 16 are padded up to one of 8 sizes per
 octave (at most 1/8 more rows, zeros), and after a warm-up a prompt step finds its kernels built.
 Up to 16 rows (decode batches) are few sizes already and stay as they are. float32 goes through
-MKL, which builds nothing per shape (a new length cost the same as a seen one), and is left alone.
+MKL, which builds nothing per shape (a new length cost the same as a seen one), and is left alone
+here; where the native kernels send float32 products to oneDNN instead, epd.engine.onednn_linear
+rounds their rows up to the same buckets itself.
 A padded product's real rows can still differ in the last bit from the unpadded one's (oneDNN may
 pick another kernel for another row count), as they already do between batches of other sizes.
 """
