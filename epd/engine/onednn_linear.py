@@ -102,6 +102,8 @@ def available() -> bool:
     global _availability
     if _availability is False:
         _availability = unavailable()
-        if _availability is not None:
+        if _availability is None:
+            log.info("float32 products of many rows: oneDNN (epd.engine.onednn_linear)")
+        else:
             log.warning("float32 products stay with torch's (MKL): %s", _availability)
     return _availability is None
