@@ -15,9 +15,12 @@ one and two threads) except at one row, where oneDNN takes another kernel: a lon
 two, so a prompt's token gets the same bits alone, chunked or batched with other prompts.
 
 oneDNN builds (JIT-compiles) a kernel per shape it meets (0.15-0.35 ms each, /tmp/s35/jit.py) and
-caches them; a prompt step's row counts past 16 (each expert's too) are rounded up to `bucket_rows`'
-few sizes (at most 1/8 more rows, zeros), so its varying lengths meet kernels already built and the
-cache stays small. An encoder's row counts are one per image size and stay as they are.
+keeps memory for every shape it has met: 3000 products of random row counts up to 1200 grew a
+process by 800 MiB and on (with the primitive cache at 32 entries too), the same products in
+buckets not at all (/tmp/s35/mem.py). So row counts are always rounded up: a prompt step's past 16
+(each expert's too) to `bucket_rows`' few sizes (at most 1/8 more rows, zeros), so its varying
+lengths also meet kernels already built; an encoder's, one per image size, to `fine_rows`' (1/64 of
+an octave: 784 and 1024 patches stay as they are), and its attention pads the keys alike.
 """
 
 from __future__ import annotations
@@ -29,38 +32,48 @@ import torch
 import torch.nn.functional as F
 
 from epd.models.rerouting import reroute
-from epd.models.shape_buckets import bucket_rows
+from epd.models.shape_buckets import bucket_rows, round_up
 
 log = logging.getLogger(__name__)
 
 X86 = ("x86_64", "amd64")
 
 
-def padded_rows(rows: int, bucket: bool = True) -> int:
-    """The row count a product of `rows` rows is computed at: at least 2, past 16 `bucket_rows` where
-    `bucket`; pure."""
-    return max(2, bucket_rows(rows) if bucket else rows)
+def fine_rows(rows: int) -> int:
+    """`rows` rounded up to a multiple of 1/64 of its power of two (past 64 rows): finer than
+    `bucket_rows`, for an encoder's patch counts (784 and 1024 stay as they are); pure."""
+    return rows if rows <= 64 else round_up(rows, 1 << (rows.bit_length() - 6))
+
+
+def padded_rows(rows: int, fine: bool = False) -> int:
+    """The row count a product of `rows` rows is computed at: at least 2, past 16 `bucket_rows`
+    (`fine`: `fine_rows`); pure."""
+    return max(2, fine_rows(rows) if fine else bucket_rows(rows))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           bucket: bool = True) -> torch.Tensor:
+           fine: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N], float32 on a CPU, through oneDNN.
-    `bucket=False` for callers whose row counts are few already (an encoder's: one per image size)."""
+    `fine` for an encoder's row counts (one per image size: finer buckets cost less padding)."""
     width = x.shape[-1]
     rows = x.numel() // width
     flat = x.reshape(rows, width)  # [M, K]
-    padded = padded_rows(rows, bucket)
+    padded = padded_rows(rows, fine)
     if padded != rows:
         flat = torch.cat([flat, flat.new_zeros(padded - rows, width)])  # [M', K]; zero rows never reach real ones
     elif not flat.is_contiguous():
         flat = flat.contiguous()
+    if not weight.is_contiguous() and not weight.t().is_contiguous():
+        # Rows of another tensor (a head's keys in [n, H, d]): oneDNN takes such strides through a
+        # reference kernel, 470 ms instead of 0.6 for a 1024-patch head's scores.
+        weight = weight.contiguous()
     out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")  # [M', N]
     return out[:rows].view(*x.shape[:-1], weight.shape[0])
 
 
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """nn.Linear's forward through `linear`, rows unbucketed (the encoder's: a few image sizes)."""
-    return linear(x, self.weight, self.bias, bucket=False)
+    """nn.Linear's forward through `linear`, in the encoder's fine row buckets."""
+    return linear(x, self.weight, self.bias, fine=True)
 
 
 def takes(module: torch.nn.Module) -> bool:

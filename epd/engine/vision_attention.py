@@ -16,10 +16,11 @@ of several) goes to the library's SDPA function.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from epd.engine.onednn_linear import linear
+from epd.engine.onednn_linear import linear, padded_rows
 
 NAME = "epd_vision_onednn"
 
@@ -34,11 +35,18 @@ def vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                       is_causal=is_causal, **kwargs)
     _, heads, patches, head_dim = query.shape
     scale = head_dim ** -0.5 if scaling is None else scaling
+    # Keys padded with zero rows to the encoder's row buckets (onednn_linear.fine_rows: oneDNN keeps
+    # memory for every product shape it meets), their scores masked out, so their values never count.
+    keys = padded_rows(patches, fine=True)
+    pad = (0, 0, 0, keys - patches)
+    key, value = F.pad(key[0], pad).contiguous(), F.pad(value[0], pad)  # [H, n', d], [H, n', dv]
     out = query.new_empty(patches, heads, value.shape[-1])  # [n, H, dv]
     for head in range(heads):
-        scores = linear(query[0, head] * scale, key[0, head].contiguous(), bucket=False)  # [n, n]
-        probs = torch.softmax(scores, dim=-1)  # [n, n]
-        out[:, head] = linear(probs, value[0, head].t().contiguous(), bucket=False)  # [n, dv]
+        scores = linear(query[0, head] * scale, key[head], fine=True)  # [n, n']
+        if keys != patches:
+            scores[:, patches:] = float("-inf")
+        probs = torch.softmax(scores, dim=-1)  # [n, n']
+        out[:, head] = linear(probs, value[head].t().contiguous(), fine=True)  # [n, dv]
     return out.unsqueeze(0), None
 
 

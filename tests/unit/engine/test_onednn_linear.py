@@ -15,13 +15,14 @@ needs_onednn = pytest.mark.skipif(onednn_linear.unavailable() is not None,
                                   reason=str(onednn_linear.unavailable()))
 
 
-@pytest.mark.parametrize("rows, bucket, expected", [
-    (1, True, 2), (1, False, 2),  # a lone row runs as two: oneDNN takes another kernel for one row
-    (2, True, 2), (16, True, 16), (17, True, 18), (33, True, 36), (337, True, 352), (337, False, 337),
-    (1024, True, 1024), (1025, True, 1152), (784, False, 784),
+@pytest.mark.parametrize("rows, fine, expected", [
+    (1, False, 2), (1, True, 2),  # a lone row runs as two: oneDNN takes another kernel for one row
+    (2, False, 2), (16, False, 16), (17, False, 18), (33, False, 36), (337, False, 352), (1024, False, 1024),
+    (1025, False, 1152),
+    (64, True, 64), (65, True, 66), (337, True, 344), (784, True, 784), (1024, True, 1024), (1025, True, 1056),
 ])
-def test_row_counts_the_products_run_at(rows, bucket, expected):
-    assert padded_rows(rows, bucket) == expected
+def test_row_counts_the_products_run_at(rows, fine, expected):
+    assert padded_rows(rows, fine) == expected
 
 
 def _weights(out: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,14 +32,14 @@ def _weights(out: int, width: int, seed: int = 0) -> tuple[torch.Tensor, torch.T
 
 @needs_onednn
 @pytest.mark.parametrize("rows", [1, 5, 40, 300])
-@pytest.mark.parametrize("bucket", [True, False])
-def test_equals_torch_within_float32_rounding(rows, bucket):
+@pytest.mark.parametrize("fine", [False, True])
+def test_equals_torch_within_float32_rounding(rows, fine):
     weight, bias = _weights(96, 128)
     x = torch.randn(2, rows, 128, generator=torch.Generator().manual_seed(rows))  # [B, M, K]: leading dims kept
-    got = linear(x, weight, bias, bucket=bucket)
+    got = linear(x, weight, bias, fine=fine)
     assert got.shape == (2, rows, 96) and got.dtype == torch.float32
     torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
-    assert not torch.equal(linear(x, weight, None, bucket), got)  # the bias is applied
+    assert not torch.equal(linear(x, weight, None, fine), got)  # the bias is applied
 
 
 @needs_onednn
@@ -105,3 +106,12 @@ def test_the_experts_prompt_path_through_onednn_is_the_librarys_within_rounding(
     assert calls == [1]
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     assert ours.abs().max() > 0.1  # not a product of zeros
+
+
+@needs_onednn
+def test_weights_that_are_views_give_the_same_result():
+    """A transposed weight (experts stored [E, in, out]) and rows of a wider tensor (a head's keys)."""
+    x = torch.randn(30, 64, generator=torch.Generator().manual_seed(5))
+    wide, _ = _weights(48, 128, seed=6)
+    for weight in (wide[:, :64], wide[:, :64].contiguous().t().contiguous().t()):
+        torch.testing.assert_close(linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-4)

@@ -24,7 +24,7 @@ def _qkv(patches: int, heads: int = 3, head_dim: int = 16, dtype=torch.float32):
             for _ in range(3)]
 
 
-@pytest.mark.parametrize("patches", [1, 4, 100])
+@pytest.mark.parametrize("patches", [1, 4, 100, 101])  # 101: keys padded to 102, the pad masked
 @pytest.mark.parametrize("scaling", [None, 0.3])
 def test_equals_the_librarys_sdpa_within_float32_rounding(patches, scaling):
     q, k, v = _qkv(patches)
