@@ -38,15 +38,16 @@ def vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     # Keys padded with zero rows to the encoder's row buckets (onednn_linear.fine_rows: oneDNN keeps
     # memory for every product shape it meets), their scores masked out, so their values never count.
     keys = padded_rows(patches, fine=True)
-    pad = (0, 0, 0, keys - patches)
-    key, value = F.pad(key[0], pad).contiguous(), F.pad(value[0], pad)  # [H, n', d], [H, n', dv]
+    if keys != patches:
+        pad = (0, 0, 0, keys - patches)
+        key, value = F.pad(key, pad), F.pad(value, pad)  # [1, H, n', d], [1, H, n', dv]
     out = query.new_empty(patches, heads, value.shape[-1])  # [n, H, dv]
     for head in range(heads):
-        scores = linear(query[0, head] * scale, key[head], fine=True)  # [n, n']
+        scores = linear(query[0, head] * scale, key[0, head].contiguous(), fine=True)  # [n, n']
         if keys != patches:
             scores[:, patches:] = float("-inf")
         probs = torch.softmax(scores, dim=-1)  # [n, n']
-        out[:, head] = linear(probs, value[head].t().contiguous(), fine=True)  # [n, dv]
+        out[:, head] = linear(probs, value[0, head].t().contiguous(), fine=True)  # [n, dv]
     return out.unsqueeze(0), None
 
 
