@@ -3,7 +3,11 @@ then falls back to torch or refuses to start, epd.engine.native_kernels)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from epd.kernels import native
 
@@ -40,3 +44,17 @@ def test_a_cache_folder_that_cannot_be_made_is_reported(tmp_path):
 
 def test_the_sources_ship_with_the_package():
     assert all(source.is_file() and source.parent == Path(native.__file__).parent for source in native.SOURCES)
+
+
+@pytest.mark.skipif(shutil.which("readelf") is None, reason="needs binutils' readelf")
+def test_the_library_runs_its_parallel_loops_on_openmp():
+    """Built without OpenMP, at::parallel_for (inlined into our code) runs every kernel on one thread."""
+    from epd.kernels.native import cache_dir, load_kernels
+
+    assert load_kernels().ok
+    [library] = cache_dir().glob("epd_kernels*.so")
+    dynamic = subprocess.run(["readelf", "-d", str(library)], capture_output=True, text=True, check=True).stdout
+    assert "libgomp.so" in dynamic
+    undefined = subprocess.run(["readelf", "--dyn-syms", "-W", str(library)], capture_output=True, text=True,
+                               check=True).stdout
+    assert "GOMP_parallel" in undefined  # the parallel regions were compiled, not dropped
