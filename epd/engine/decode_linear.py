@@ -10,8 +10,8 @@ AVX-512 Zen 4, since the kernel's L2 prefetches (stop 34), 1.25-1.6x at 16 rows 
 (one thread); whole steps with the limit swapped every 5 steps in one process: Kimi small batch 16
 26.7 -> 23.3 ms at 8 -> 16 (two threads 23.9 -> 22.1), Qwen small 30.0 -> 28.0, batch 12 23.5 ->
 19.8; past 16 no gain on two threads (batch 32: 34.7 against 35.2). So it takes calls of up to
-`MAX_ROWS` rows; a prompt step's products, and decode batches past it, go to oneDNN where it is
-available (onednn_linear.py), else to MKL.
+`MAX_ROWS` rows; a prompt step's products go to oneDNN where it is available (onednn_linear.py),
+else to MKL, and a decode-only step's batches past MAX_ROWS to MKL.
 
 The sums run in another order than MKL's, so an output differs from the library's by a few units in
 float32's last place, as the products of a batch of 16 already differ from those of batch 1 in MKL.
@@ -48,9 +48,10 @@ def decode_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
 
 
 def decode_linear_forward_onednn(self, x: torch.Tensor) -> torch.Tensor:
-    """As `decode_linear_forward`, past MAX_ROWS through oneDNN (onednn_linear.py) instead of MKL."""
+    """As `decode_linear_forward`, past MAX_ROWS through oneDNN (onednn_linear.py) instead of MKL,
+    but in a decode-only step (onednn_linear.decode_step)."""
     if x.numel() > MAX_ROWS * x.shape[-1]:
-        return onednn_linear.linear(x, self.weight)
+        return F.linear(x, self.weight) if onednn_linear.decoding() else onednn_linear.linear(x, self.weight)
     return torch.ops.epd.linear_rows(x, self.weight, MAX_ROWS)
 
 

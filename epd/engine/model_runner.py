@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from epd.engine import onednn_linear
 from epd.engine.attention import PrefillSegment, StepLayout, causal_chunk_mask
 from epd.engine.paged_cache import NamedTensors, PagedKVCache
 from epd.engine.positions import PositionPlan
@@ -119,10 +120,11 @@ class ModelRunner:
         position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
         images = [{name: t.to(device) for name, t in image.items()} for image in batch.images]
         mm = {"image": self.language.adapter.join_output(images)} if images else None
-        out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long, device=device),
-                         position_ids=position_ids, cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
-                         logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
-                         epd_layout=layout)
+        with onednn_linear.decode_step(not layout.prefills):  # decode-only: products past 16 rows stay with MKL
+            out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long, device=device),
+                             position_ids=position_ids, cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
+                             logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
+                             epd_layout=layout)
         return sample_rows(out.logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
 
     def export_prompt(self, seq: Sequence) -> NamedTensors:

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import logging
 import platform
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +72,27 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         weight = weight.contiguous()
     out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")  # [M', N]
     return out[:rows].view(*x.shape[:-1], weight.shape[0])
+
+
+_step = threading.local()
+
+
+@contextmanager
+def decode_step(active: bool) -> Iterator[None]:
+    """Marks the calling thread's forward as a decode-only step (`active`), whose products past the
+    native kernels' rows stay with MKL as they did before oneDNN took prompt products: a CI run of 64
+    concurrent tiny-model streams once parted from `generate` at a decode token with them in oneDNN."""
+    previous = getattr(_step, "decoding", False)
+    _step.decoding = active
+    try:
+        yield
+    finally:
+        _step.decoding = previous
+
+
+def decoding() -> bool:
+    """Whether the calling thread is inside a decode-only step (`decode_step(True)`)."""
+    return getattr(_step, "decoding", False)
 
 
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:

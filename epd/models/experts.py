@@ -100,7 +100,10 @@ def onednn_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     (epd.engine.onednn_linear: 2.2-2.4x MKL's speed at 84-337 rows where MKL runs AVX2 code)."""
     if _decodes_natively(self, hidden_states, top_k_index):
         return native_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    products = _onednn_products if hidden_states.dtype == torch.float32 and not _library_only(self) else None
+    from epd.engine.onednn_linear import decoding
+
+    prompt = hidden_states.dtype == torch.float32 and not _library_only(self) and not decoding()
+    products = _onednn_products if prompt else None  # a decode-only step's stay with MKL
     return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine, products)
 
 

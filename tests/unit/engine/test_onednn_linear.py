@@ -115,3 +115,20 @@ def test_weights_that_are_views_give_the_same_result():
     wide, _ = _weights(48, 128, seed=6)
     for weight in (wide[:, :64], wide[:, :64].contiguous().t().contiguous().t()):
         torch.testing.assert_close(linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-4)
+
+
+@needs_onednn
+def test_a_decode_only_steps_products_past_sixteen_rows_stay_with_torch():
+    from epd.engine import decode_linear
+    from epd.kernels.native import load_kernels
+
+    assert load_kernels().ok
+    layer = torch.nn.Linear(64, 48, bias=False)
+    decode_linear.install(layer, onednn=True)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(7))  # past decode_linear.MAX_ROWS
+    with torch.inference_mode():
+        with onednn_linear.decode_step(True):
+            assert onednn_linear.decoding()
+            assert torch.equal(layer(x), F.linear(x, layer.weight))
+        assert not onednn_linear.decoding()
+        assert torch.equal(layer(x), linear(x, layer.weight))  # a prompt step's rows: oneDNN
