@@ -1,5 +1,5 @@
 """float32 products of many rows through oneDNN instead of MKL: the vision tower, prompt steps
-(dense layers and each expert's rows) and decode batches past `decode_linear.MAX_ROWS`.
+(dense layers and each expert's rows); a decode-only step's products stay with MKL (`decode_step`).
 
 torch sends a float32 `F.linear` to MKL, and MKL, on a CPU not made by Intel, runs its AVX2 code
 even where the CPU has AVX-512. On an AVX-512 Zen 5 (2 vCPUs, one thread) MKL's float32 products
