@@ -50,9 +50,9 @@ def decode_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
 def decode_linear_forward_onednn(self, x: torch.Tensor) -> torch.Tensor:
     """As `decode_linear_forward`, past MAX_ROWS through oneDNN (onednn_linear.py) instead of MKL,
     but in a decode-only step (onednn_linear.decode_step)."""
-    if x.numel() > MAX_ROWS * x.shape[-1]:
-        return F.linear(x, self.weight) if onednn_linear.decoding() else onednn_linear.linear(x, self.weight)
-    return torch.ops.epd.linear_rows(x, self.weight, MAX_ROWS)
+    if x.numel() > MAX_ROWS * x.shape[-1] and not onednn_linear.decoding():
+        return onednn_linear.linear(x, self.weight)
+    return decode_linear_forward(self, x)
 
 
 def install(model: torch.nn.Module, onednn: bool = False) -> int:

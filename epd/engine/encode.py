@@ -51,7 +51,7 @@ class ImageEncoder:
         weight = next(encoder.model.parameters())
         if use_native_kernels(kernels, weight.device, weight.dtype, ENCODER_KERNELS):  # builds them on a first start
             fused_gelu.install(encoder.model)
-            if weight.dtype == torch.float32 and onednn_linear.available():
+            if onednn_linear.available(weight.dtype):
                 onednn_linear.install(encoder.model)
                 vision_attention.install(encoder.model)
 

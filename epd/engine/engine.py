@@ -94,7 +94,7 @@ class Engine:
             mla.install(language.model, native)
         if native:
             fused_norm.install(language.model)
-            onednn = dtype == torch.float32 and onednn_linear.available()  # many rows' float32 products
+            onednn = onednn_linear.available(dtype)  # many rows' float32 products
             decode_linear.install(language.model, onednn)
             experts.install_native(language.model, onednn)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)

@@ -19,12 +19,13 @@ keeps memory for every shape it has met: 3000 products of random row counts up t
 process by 800 MiB and on (with the primitive cache at 32 entries too), the same products in
 buckets not at all (/tmp/s35/mem.py). So row counts are always rounded up: a prompt step's past 16
 (each expert's too) to `bucket_rows`' few sizes (at most 1/8 more rows, zeros), so its varying
-lengths also meet kernels already built; an encoder's, one per image size, to `fine_rows`' (1/64 of
-an octave: 784 and 1024 patches stay as they are), and its attention pads the keys alike.
+lengths also meet kernels already built; an encoder's, one per image size, to finer buckets (1/64
+of a power of two: 784 and 1024 patches stay as they are), and its attention pads the keys alike.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 import threading
@@ -35,43 +36,32 @@ import torch
 import torch.nn.functional as F
 
 from epd.models.rerouting import reroute
-from epd.models.shape_buckets import bucket_rows, round_up
+from epd.models.shape_buckets import bucket_rows, padded_product
 
 log = logging.getLogger(__name__)
 
 X86 = ("x86_64", "amd64")
 
 
-def fine_rows(rows: int) -> int:
-    """`rows` rounded up to a multiple of 1/64 of its power of two (past 64 rows): finer than
-    `bucket_rows`, for an encoder's patch counts (784 and 1024 stay as they are); pure."""
-    return rows if rows <= 64 else round_up(rows, 1 << (rows.bit_length() - 6))
+FINE_BITS = 6  # an encoder's row buckets: 1/64 of a power of two (784 and 1024 patches exact)
 
 
 def padded_rows(rows: int, fine: bool = False) -> int:
     """The row count a product of `rows` rows is computed at: at least 2, past 16 `bucket_rows`
-    (`fine`: `fine_rows`); pure."""
-    return max(2, fine_rows(rows) if fine else bucket_rows(rows))
+    (`fine`: its finer buckets, past 64); pure."""
+    return max(2, bucket_rows(rows, FINE_BITS) if fine else bucket_rows(rows))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            fine: bool = False) -> torch.Tensor:
     """x [..., K] @ weight [N, K]^T (+ bias [N]) -> [..., N], float32 on a CPU, through oneDNN.
     `fine` for an encoder's row counts (one per image size: finer buckets cost less padding)."""
-    width = x.shape[-1]
-    rows = x.numel() // width
-    flat = x.reshape(rows, width)  # [M, K]
-    padded = padded_rows(rows, fine)
-    if padded != rows:
-        flat = torch.cat([flat, flat.new_zeros(padded - rows, width)])  # [M', K]; zero rows never reach real ones
-    elif not flat.is_contiguous():
-        flat = flat.contiguous()
     if not weight.is_contiguous() and not weight.t().is_contiguous():
         # Rows of another tensor (a head's keys in [n, H, d]): oneDNN takes such strides through a
         # reference kernel, 470 ms instead of 0.6 for a 1024-patch head's scores.
         weight = weight.contiguous()
-    out = torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], "")  # [M', N]
-    return out[:rows].view(*x.shape[:-1], weight.shape[0])
+    return padded_product(x, lambda rows: padded_rows(rows, fine),
+                          lambda flat: torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], ""))
 
 
 _step = threading.local()
@@ -131,16 +121,17 @@ def unavailable() -> str | None:
     return None
 
 
-_availability: str | None | bool = False  # False: not checked yet
+@functools.cache
+def _usable() -> bool:
+    reason = unavailable()
+    if reason is None:
+        log.info("float32 products of many rows: oneDNN (epd.engine.onednn_linear)")
+    else:
+        log.warning("float32 products stay with torch's (MKL): %s", reason)
+    return reason is None
 
 
-def available() -> bool:
-    """Whether `linear` may be used here: checked once per process, and logged when not."""
-    global _availability
-    if _availability is False:
-        _availability = unavailable()
-        if _availability is None:
-            log.info("float32 products of many rows: oneDNN (epd.engine.onednn_linear)")
-        else:
-            log.warning("float32 products stay with torch's (MKL): %s", _availability)
-    return _availability is None
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether `linear` takes a model's products in `dtype` here: float32 (torch sends other dtypes to
+    oneDNN already), oneDNN checked once per process, and logged."""
+    return dtype == torch.float32 and _usable()

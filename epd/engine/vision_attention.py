@@ -35,15 +35,16 @@ def vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                       is_causal=is_causal, **kwargs)
     _, heads, patches, head_dim = query.shape
     scale = head_dim ** -0.5 if scaling is None else scaling
-    # Keys padded with zero rows to the encoder's row buckets (onednn_linear.fine_rows: oneDNN keeps
+    # Keys padded with zero rows to the encoder's row buckets (onednn_linear.padded_rows: oneDNN keeps
     # memory for every product shape it meets), their scores masked out, so their values never count.
     keys = padded_rows(patches, fine=True)
     if keys != patches:
         pad = (0, 0, 0, keys - patches)
         key, value = F.pad(key, pad), F.pad(value, pad)  # [1, H, n', d], [1, H, n', dv]
+    query = query[0] * scale  # [H, n, d]
     out = query.new_empty(patches, heads, value.shape[-1])  # [n, H, dv]
     for head in range(heads):
-        scores = linear(query[0, head] * scale, key[0, head].contiguous(), fine=True)  # [n, n']
+        scores = linear(query[head], key[0, head].contiguous(), fine=True)  # [n, n']
         if keys != patches:
             scores[:, patches:] = float("-inf")
         probs = torch.softmax(scores, dim=-1)  # [n, n']
@@ -51,10 +52,8 @@ def vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return out.unsqueeze(0), None
 
 
-def install(model: PreTrainedModel) -> str:
+def install(model: PreTrainedModel) -> None:
     """Register `vision_attention` and set it on `model`'s vision config (the encoder role's model, a
-    composite whose language side is dropped), the library's own switch; returns what it replaced."""
+    composite whose language side is dropped), the library's own switch."""
     AttentionInterface.register(NAME, vision_attention)
-    replaced = model.config.vision_config._attn_implementation
     model.set_attn_implementation({"vision_config": NAME})
-    return replaced

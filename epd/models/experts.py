@@ -88,22 +88,25 @@ def native_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     """As `grouped_experts_forward`, the rows combined by torch.ops.epd.moe_combine (one pass, same bits);
     a decode step's few tokens through torch.ops.epd.moe_decode (each busy expert's weights read once,
     no other expert's; sums in another order than the library's, so not its bits)."""
-    if _decodes_natively(self, hidden_states, top_k_index):
-        return torch.ops.epd.moe_decode(hidden_states.contiguous(), top_k_index.contiguous(),
-                                        top_k_weights.contiguous(), self.gate_up_proj, self.down_proj)
-    return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine)
+    return _native_forward(self, hidden_states, top_k_index, top_k_weights)
 
 
 def onednn_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                            top_k_weights: torch.Tensor) -> torch.Tensor:
     """As `native_experts_forward`, a float32 prompt step's expert products through oneDNN
-    (epd.engine.onednn_linear: 2.2-2.4x MKL's speed at 84-337 rows where MKL runs AVX2 code)."""
-    if _decodes_natively(self, hidden_states, top_k_index):
-        return native_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    (epd.engine.onednn_linear: 2.2-2.4x MKL's speed at 84-337 rows where MKL runs AVX2 code); a
+    decode-only step's stay with MKL."""
     from epd.engine.onednn_linear import decoding
 
-    prompt = hidden_states.dtype == torch.float32 and not _library_only(self) and not decoding()
-    products = _onednn_products if prompt else None  # a decode-only step's stay with MKL
+    prompt = hidden_states.dtype == torch.float32 and not decoding()
+    return _native_forward(self, hidden_states, top_k_index, top_k_weights, _onednn_products if prompt else None)
+
+
+def _native_forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                    products: Callable | None = None) -> torch.Tensor:
+    if _decodes_natively(self, hidden_states, top_k_index):
+        return torch.ops.epd.moe_decode(hidden_states.contiguous(), top_k_index.contiguous(),
+                                        top_k_weights.contiguous(), self.gate_up_proj, self.down_proj)
     return _experts_forward(self, hidden_states, top_k_index, top_k_weights, _native_combine, products)
 
 

@@ -17,6 +17,8 @@ pick another kernel for another row count), as they already do between batches o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -27,9 +29,10 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def bucket_rows(rows: int) -> int:
-    """`rows` rounded up to a multiple of 1/16 of its power of two (rows above 16); pure."""
-    return rows if rows <= 16 else round_up(rows, 1 << (rows.bit_length() - 4))
+def bucket_rows(rows: int, fraction_bits: int = 4) -> int:
+    """`rows` rounded up to a multiple of 2^-fraction_bits of its power of two, for rows above
+    2^fraction_bits (4: 1/16, 8 sizes an octave; 6: 1/64, 32 sizes an octave); pure."""
+    return rows if rows <= 1 << fraction_bits else round_up(rows, 1 << (rows.bit_length() - fraction_bits))
 
 
 def pads_rows(dtype: torch.dtype, device: torch.device) -> bool:
@@ -37,15 +40,21 @@ def pads_rows(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
+def padded_product(x: torch.Tensor, rows_to: Callable[[int], int],
+                   product: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """x [..., in] -> [..., out]: `product` of x's rows flattened ([M, in], contiguous) with zero rows
+    below up to `rows_to(M)`, whose outputs are dropped (a product's rows are independent)."""
+    rows = x.numel() // x.shape[-1]
+    target = rows_to(rows)
+    flat = x.reshape(rows, x.shape[-1])  # [M, in]
+    flat = F.pad(flat, (0, 0, 0, target - rows)) if target != rows else flat.contiguous()  # [target, in]
+    out = product(flat)[:rows]  # [M, out]
+    return out.view(*x.shape[:-1], out.shape[-1])
+
+
 def padded_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear's forward with the rows ([..., in] flattened) padded to `bucket_rows`."""
-    rows = x.numel() // x.shape[-1]
-    target = bucket_rows(rows)
-    if target == rows:
-        return F.linear(x, self.weight, self.bias)
-    flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, target - rows))  # [target, in], zeros below
-    out = F.linear(flat, self.weight, self.bias)[:rows]  # [rows, out]
-    return out.view(*x.shape[:-1], out.shape[-1])
+    return padded_product(x, bucket_rows, lambda flat: F.linear(flat, self.weight, self.bias))
 
 
 def install(model: torch.nn.Module) -> int:
