@@ -26,7 +26,13 @@ def _qkv(patches: int, heads: int = 3, head_dim: int = 16, dtype=torch.float32):
 
 @pytest.mark.parametrize("patches", [1, 4, 100, 101])  # 101: keys padded to 102, the pad masked
 @pytest.mark.parametrize("scaling", [None, 0.3])
-def test_equals_the_librarys_sdpa_within_float32_rounding(patches, scaling):
+def test_equals_the_librarys_sdpa_within_float32_rounding(patches, scaling, monkeypatch):
+    from epd.engine import vision_attention as module
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("a plain float32 call went to SDPA: the equality below would prove nothing")
+
+    monkeypatch.setattr(module, "sdpa_attention_forward", no_fallback)
     q, k, v = _qkv(patches)
     with torch.inference_mode():
         ours, weights = vision_attention(_Module(), q, k, v, None, scaling=scaling)
