@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name(name)
                 for name in ("paged_decode.cpp", "rms_norm.cpp", "moe.cpp", "moe_decode.cpp", "linear_decode.cpp",
-                             "gelu_tanh.cpp", "rope_interleave.cpp"))
+                             "gelu_tanh.cpp", "rope_interleave.cpp", "softmax_rows.cpp"))
 # -fopenmp: at::parallel_for is inlined from ATen's headers into our code, and without it its
 # `#pragma omp parallel` is dropped: every kernel ran on one thread whatever torch's thread count
 # (linear_rows at 16 x 512 x 3072: 335 us on one thread or two; with it, 200-212 on two). The

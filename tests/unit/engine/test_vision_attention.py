@@ -9,8 +9,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from epd.engine import onednn_linear
 from epd.engine.vision_attention import vision_attention
+from epd.kernels.native import load_kernels
 
 pytestmark = pytest.mark.skipif(onednn_linear.unavailable() is not None, reason=str(onednn_linear.unavailable()))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels():  # the softmax is native (epd/kernels/softmax_rows.cpp); the encoder installs this only with them
+    built = load_kernels()
+    assert built.ok, built.detail
 
 
 class _Module(torch.nn.Module):
