@@ -9,6 +9,7 @@ from PIL import Image
 
 from epd.engine import fused_gelu, onednn_linear, vision_attention
 from epd.engine.native_kernels import ENCODER_KERNELS, use_native_kernels
+from epd.models import patch_embed
 from epd.models.loading import EncoderModel
 from epd.models.registry import ImageTensors
 
@@ -43,8 +44,8 @@ class ImageEncoder:
 
     def __init__(self, encoder: EncoderModel, kernels: str = "auto") -> None:
         """`kernels`: auto | native | torch, as the engine's (epd.engine.native_kernels); native ones
-        run the vision tower's GELU (fused_gelu.py), and in float32 its linears and attention's
-        products go through oneDNN (onednn_linear.py, vision_attention.py)."""
+        run the vision tower's GELU (fused_gelu.py), and in float32 its linears, patch embedding and
+        attention's products go through oneDNN (onednn_linear.py, vision_attention.py)."""
         if encoder.image_processor is None:  # load_encoder never allows this; keep the invariant loud
             raise ValueError(f"{encoder.model_dir}: an encoder needs an image processor")
         self.encoder = encoder
@@ -53,6 +54,7 @@ class ImageEncoder:
             fused_gelu.install(encoder.model)
             if onednn_linear.available(weight.dtype):
                 onednn_linear.install(encoder.model)
+                patch_embed.install(encoder.model, product=onednn_linear.encoder_linear)
                 vision_attention.install(encoder.model)
 
     @property

@@ -85,9 +85,14 @@ def decoding() -> bool:
     return getattr(_step, "decoding", False)
 
 
+def encoder_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`linear` in the encoder's fine row buckets, called as F.linear."""
+    return linear(x, weight, bias, fine=True)
+
+
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """nn.Linear's forward through `linear`, in the encoder's fine row buckets."""
-    return linear(x, self.weight, self.bias, fine=True)
+    return encoder_linear(x, self.weight, self.bias)
 
 
 def takes(module: torch.nn.Module) -> bool:

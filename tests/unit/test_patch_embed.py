@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from epd.models import patch_embed
@@ -31,3 +32,34 @@ def test_overlapping_or_padded_convolutions_are_left_alone():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, kernel_size=3, stride=1),
                                 torch.nn.Conv2d(8, 8, kernel_size=2, stride=2, padding=1))
     assert patch_embed.install(model) == 0
+
+
+def test_a_given_product_computes_the_patches():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(3, 8, kernel_size=(2, 4, 4), stride=(2, 4, 4))
+    x = torch.randn(5, 3, 2, 4, 4)
+    expected = conv(x)
+    calls = []
+
+    def product(flat, weight, bias):
+        calls.append((tuple(flat.shape), tuple(weight.shape)))
+        return torch.nn.functional.linear(flat, weight, bias)
+
+    assert patch_embed.install(conv, product=product) == 1
+    assert torch.allclose(conv(x), expected, atol=1e-5)
+    assert calls == [((5, 96), (8, 96))]
+    conv(torch.randn(1, 3, 4, 8, 8))  # not single patches: the convolution, not the product
+    assert len(calls) == 1
+
+
+def test_onednns_encoder_product_equals_the_convolution():
+    from epd.engine import onednn_linear
+
+    if onednn_linear.unavailable() is not None:  # the encoder installs it only where oneDNN is usable
+        pytest.skip(onednn_linear.unavailable())
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(3, 16, kernel_size=14, stride=14)
+    x = torch.randn(37, 3, 14, 14)
+    expected = conv(x)
+    patch_embed.install(conv, product=onednn_linear.encoder_linear)
+    torch.testing.assert_close(conv(x), expected, rtol=1e-5, atol=1e-5)
