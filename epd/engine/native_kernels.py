@@ -35,7 +35,7 @@ def native_unsupported(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 ENGINE_KERNELS = "decode attention, RMSNorm, MoE combine and decode experts"
-ENCODER_KERNELS = "vision GELU"
+ENCODER_KERNELS = "vision GELU and attention softmax"
 
 
 def engine_kernels(dtype: torch.dtype) -> str:
@@ -111,6 +111,10 @@ def _self_check_results(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, tor
     if dtype == torch.float32:  # the dense decode product is float32's only (epd.engine.decode_linear)
         weight = torch.randn(37, 32, generator=gen)  # [N, K]: a remainder of every block it computes
         results["linear_decode"] = (torch.ops.epd.linear_decode(hidden, weight), hidden @ weight.T)
+        # the vision attention's softmax (float32's only, epd.engine.vision_attention): 3 padded columns
+        scores = torch.randn(5, 40, generator=gen) * 4
+        results["softmax_rows_"] = (torch.ops.epd.softmax_rows_(scores.clone(), 37),
+                                    torch.nn.functional.pad(torch.softmax(scores[:, :37], dim=-1), (0, 3)))
     return results
 
 
