@@ -18,6 +18,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "softmax.h"
 #include "vec.h"
 
 #include <algorithm>
@@ -56,19 +57,6 @@ inline Vec load_chunk(const T* row, int64_t c, int64_t width) {
   return load(tail);
 }
 inline int64_t chunks(int64_t width) { return (width + kLanes - 1) / kLanes; }
-
-// The largest of n floats: kLanes running maxima the compiler vectorizes (std::max_element is one
-// compare after another, a 4-cycle chain per score).
-inline float max_of(const float* x, int64_t n) {
-  float lanes[kLanes];
-  std::fill(lanes, lanes + kLanes, -std::numeric_limits<float>::infinity());
-  int64_t t = 0;
-  for (; t + kLanes <= n; t += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] = std::max(lanes[j], x[t + j]);
-  float top = *std::max_element(lanes, lanes + kLanes);
-  for (; t < n; ++t) top = std::max(top, x[t]);
-  return top;
-}
 
 // Strip c of the values' weighted sums for `Heads` query heads (weights [Heads, len], one row per
 // head): sums[g * stride] = sum_t weights[g, t] * value row t's strip c. `Heads` is a template
@@ -166,23 +154,7 @@ void attend_group(const T* query, const T* key_a, const T* key_b, const T* value
       }
     }
   }
-  for (int64_t g = 0; g < group; ++g) {
-    float* sc = scores.data() + g * len;
-    const float top = max_of(sc, len);
-    // e^(score - top) a vector at a time, summed in kLanes running sums: a float sum one score
-    // after another is a chain of dependent adds (four cycles each).
-    Vec lanes = {};
-    int64_t t = 0;
-    for (; t + kLanes <= len; t += kLanes) {
-      const Vec e = exp_nonpositive(load(sc + t) - top);
-      store(sc + t, e);
-      lanes += e;
-    }
-    float total = sum(lanes);
-    for (; t < len; ++t) total += (sc[t] = exp_nonpositive(sc[t] - top));
-    const float inv = 1.f / total;
-    for (t = 0; t < len; ++t) sc[t] *= inv;
-  }
+  for (int64_t g = 0; g < group; ++g) epd_softmax::softmax_in_place(scores.data() + g * len, len);
   // Weighted sum of values, one kLanes-wide column strip at a time with up to kHeadsInRegisters
   // heads' sums held in registers across the whole context (not loaded and stored at every row).
   for (int64_t c = 0; c < V; ++c) {

@@ -17,38 +17,16 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
-#include "vec.h"
+#include "softmax.h"
 
 namespace {
 
-using namespace epd_vec;
-
 constexpr int64_t kGrainRows = 8;  // rows per task: 32 KiB at 1024 columns
 
-inline Vec max_vec(Vec a, Vec b) { return a > b ? a : b; }
-
+// The row's first `valid` columns by their softmax, the rest by 0.
 void softmax_row(float* row, int64_t valid, int64_t columns) {
-  Vec top_lanes = Vec{} - std::numeric_limits<float>::infinity();
-  int64_t c = 0;
-  for (; c + kLanes <= valid; c += kLanes) top_lanes = max_vec(top_lanes, load(row + c));
-  float top = top_lanes[0];
-  for (int64_t lane = 1; lane < kLanes; ++lane) top = std::max(top, top_lanes[lane]);
-  for (; c < valid; ++c) top = std::max(top, row[c]);
-  // e^(x - top), summed in kLanes running sums: a float sum one score after another is a chain of
-  // dependent adds.
-  Vec lanes = {};
-  for (c = 0; c + kLanes <= valid; c += kLanes) {
-    const Vec e = exp_nonpositive(load(row + c) - top);
-    store(row + c, e);
-    lanes += e;
-  }
-  float total = sum(lanes);
-  for (; c < valid; ++c) total += (row[c] = exp_nonpositive(row[c] - top));
-  const float inv = 1.f / total;
-  for (c = 0; c + kLanes <= valid; c += kLanes) store(row + c, load(row + c) * inv);
-  for (; c < valid; ++c) row[c] *= inv;
+  epd_softmax::softmax_in_place(row, valid);
   std::fill(row + valid, row + columns, 0.f);
 }
 
