@@ -110,9 +110,16 @@ class HostLoad:
     Only the CPUs this process may run on count: a decode worker pinned to a core of its own
     (`--cpu-affinity auto`) is not contended by an encoder busy on the other core. Our own ticks
     are taken out, so a step that spins on every core does not look like contention.
+
+    Sampled every 50 ms (two reads of /proc, tens of microseconds): at 250 ms a paced decode worker
+    went on seeing the burst's last prompts as load for up to a quarter of a second after they
+    ended, and ran its batch-16 tail on one thread meanwhile (16 Kimi requests, `--decode-step-
+    interval-ms 400`, two compares of one build: 216 against 210 and 209 against 200 tok/s; unpaced
+    the same, 180 against 181). The load is then counted in steps of a fifth of a core (10 ms
+    ticks over 50 ms on 2 CPUs), finer than the thresholds it is held against (0.3 and 0.5 cores).
     """
 
-    def __init__(self, period_s: float = 0.25, clock=None) -> None:
+    def __init__(self, period_s: float = 0.05, clock=None) -> None:
         import os
         import time
 
