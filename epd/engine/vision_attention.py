@@ -46,9 +46,10 @@ def vision_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     query = query[0] * scale  # [H, n, d]
     out = query.new_empty(patches, heads, value.shape[-1])  # [n, H, dv]
     for head in range(heads):
-        scores = linear(query[head], key[0, head].contiguous(), fine=True)  # [n, n']
+        # A head's keys and values are strided views; `linear` gives oneDNN contiguous copies of them.
+        scores = linear(query[head], key[0, head], fine=True)  # [n, n']
         probs = torch.ops.epd.softmax_rows_(scores, patches)  # [n, n'] in place, the padded keys' columns 0
-        out[:, head] = linear(probs, value[0, head].t().contiguous(), fine=True)  # [n, dv]
+        out[:, head] = linear(probs, value[0, head].t(), fine=True)  # [n, dv]
     return out.unsqueeze(0), None
 
 

@@ -39,6 +39,4 @@ def _patch_forward(self, x: torch.Tensor, product: Product = F.linear) -> torch.
 
 def install(model: torch.nn.Module, product: Product = F.linear) -> int:
     """Reroute every patchifying convolution in `model` to `product`; returns how many."""
-    if product is F.linear:
-        return reroute(model, _is_patchify, _patch_forward)
     return reroute(model, _is_patchify, lambda self, x: _patch_forward(self, x, product))
