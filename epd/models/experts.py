@@ -49,6 +49,7 @@ from transformers.integrations.moe import (
     grouped_mm_experts_forward,
 )
 
+from epd.engine import onednn_linear
 from epd.kernels import WIDTH_MULTIPLE
 from epd.models.shape_buckets import bucket_rows
 
@@ -96,9 +97,7 @@ def onednn_experts_forward(self, hidden_states: torch.Tensor, top_k_index: torch
     """As `native_experts_forward`, a float32 prompt step's expert products through oneDNN
     (epd.engine.onednn_linear: 2.2-2.4x MKL's speed at 84-337 rows where MKL runs AVX2 code); a
     decode-only step's stay with MKL."""
-    from epd.engine.onednn_linear import decoding
-
-    prompt = hidden_states.dtype == torch.float32 and not decoding()
+    prompt = hidden_states.dtype == torch.float32 and not onednn_linear.decoding()
     return _native_forward(self, hidden_states, top_k_index, top_k_weights, _onednn_products if prompt else None)
 
 
@@ -193,8 +192,6 @@ def _grouped_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.
 def _onednn_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
     """As `_grouped_products`, each expert's rows through oneDNN (epd.engine.onednn_linear.linear, which
     pads them to its row buckets); rows [N, H] sorted by expert, experts [N] (sorted) -> [N, H]."""
-    from epd.engine.onednn_linear import linear
-
     counts = torch.bincount(experts, minlength=self.num_experts).tolist()  # rows per expert
     out, start = rows.new_empty(rows.shape), 0  # [N, H]
     for expert, count in enumerate(counts):
@@ -202,8 +199,8 @@ def _onednn_products(self, rows: torch.Tensor, experts: torch.Tensor) -> torch.T
             gate_up, down = self.gate_up_proj[expert], self.down_proj[expert]  # [2I, H], [H, I] (else transposed)
             if self.is_transposed:
                 gate_up, down = gate_up.t(), down.t()
-            mid = self._apply_gate(linear(rows[start:start + count], gate_up))  # [count, I]
-            out[start:start + count] = linear(mid, down)
+            mid = self._apply_gate(onednn_linear.linear(rows[start:start + count], gate_up))  # [count, I]
+            out[start:start + count] = onednn_linear.linear(mid, down)
             start += count
     return out
 
