@@ -82,6 +82,10 @@ def format_compare(result: CompareResult) -> str:
         if result.column(base) is not None:
             ratios = result.ratios(base) or {}
             rows.append((f"tok/s ÷ {base}", [_ratio(ratios.get(label)) for label in labels]))
+            if c.runs > 1:
+                by_run = result.ratio_runs(base) or {}
+                rows.append((f"tok/s ÷ {base}, range of runs",
+                             ["" if label == base else _range(by_run.get(label)) for label in labels]))
     agreements = result.agreements()
     if agreements is not None:
         rows.append(("same output as hf", ["" if label == "hf" else "n/a" if agreements.get(label) is None
@@ -142,6 +146,11 @@ def _cpu_rows(result: CompareResult) -> list[tuple[str, list[str]]]:
 
 def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
+
+
+def _range(values: Sequence[float] | None) -> str:
+    """`lowest-highest` of a column's per-run ratios: how much of a gap between medians is noise."""
+    return "-" if not values else f"{min(values):.2f}-{max(values):.2f}"
 
 
 def _slo_text(summary: Summary) -> str:

@@ -150,8 +150,6 @@ def median_figures(runs: Iterable[dict[str, float | None]]) -> dict[str, float |
     return medians
 
 
-def paired_median_ratio(values: Sequence[float | None], bases: Sequence[float | None]) -> float | None:
-    """The median over runs of values[r] / bases[r], for the runs where both exist (and the base is
-    not 0); None if there is no such run. Pairing by run cancels what drifts between runs."""
-    ratios = [v / b for v, b in zip(values, bases, strict=False) if v is not None and b]
-    return statistics.median(ratios) if ratios else None
+def paired_ratios(values: Sequence[float | None], bases: Sequence[float | None]) -> list[float]:
+    """values[r] / bases[r] for the runs r where both exist and the base is not 0, in run order; pure."""
+    return [v / b for v, b in zip(values, bases, strict=False) if v is not None and b]

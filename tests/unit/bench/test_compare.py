@@ -8,7 +8,7 @@ import pytest
 
 from epd.bench.compare import CompareConfig, CompareResult, ConfigResult, _Column, run_compare
 from epd.bench.results import RequestResult
-from epd.bench.stats import paired_median_ratio, summarize
+from epd.bench.stats import paired_ratios, summarize
 from epd.bench.workloads import WorkloadSpec
 
 
@@ -53,11 +53,11 @@ def test_sequential_runs_open_and_close_each_column_in_turn():
                    ("open", "cluster"), ("run0", "cluster"), ("run1", "cluster"), ("close", "cluster")]
 
 
-def test_paired_median_ratio_pairs_runs_and_skips_missing_ones():
-    assert paired_median_ratio([20.0, 40.0, 90.0], [10.0, 10.0, 30.0]) == 3.0  # ratios 2, 4, 3
-    assert paired_median_ratio([20.0, None, 60.0], [10.0, 10.0, 0.0]) == 2.0  # run 2 missing, run 3 base 0
-    assert paired_median_ratio([None], [1.0]) is None
-    assert paired_median_ratio([], []) is None
+def test_paired_ratios_pair_runs_and_skip_missing_ones():
+    assert paired_ratios([20.0, 40.0, 90.0], [10.0, 10.0, 30.0]) == [2.0, 4.0, 3.0]
+    assert paired_ratios([20.0, None, 60.0], [10.0, 10.0, 0.0]) == [2.0]  # run 2 missing, run 3 base 0
+    assert paired_ratios([None], [1.0]) == []
+    assert paired_ratios([], []) == []
 
 
 def _column(label: str, walls: list[float]) -> ConfigResult:
@@ -76,3 +76,6 @@ def test_ratios_are_the_median_of_each_runs_ratio_not_the_ratio_of_medians():
     assert ratios["hf"] == 1.0
     assert ratios["cluster"] == pytest.approx(2.2)
     assert result.ratios("colocated") is None
+    assert result.ratio_runs("hf")["cluster"] == pytest.approx([2.0, 3.0, 2.2])
+    assert result.to_dict()["ratios_by_run"]["output_tok_per_s / hf"]["cluster"] == pytest.approx([2.0, 3.0, 2.2])
+    assert result.ratio_runs("colocated") is None

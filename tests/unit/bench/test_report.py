@@ -63,6 +63,21 @@ def test_ratio_and_same_output_rows_only_for_bases_in_the_table():
     assert result.agreements() is None and result.to_dict()["same_output_as_hf"] == {}
 
 
+def test_a_row_gives_the_range_of_the_per_run_ratios_when_there_are_several_runs():
+    def runs(label: str, walls: list[float]) -> ConfigResult:
+        per_run = [[RequestResult(0, True, 0.0, 0.1, 0.5, (), 10)] for _ in walls]
+        return ConfigResult(label, "", [summarize(r, w) for r, w in zip(per_run, walls, strict=True)], per_run)
+
+    # hf 10, 5, 2.5 tok/s; the cluster 2x, 3x and 2.2x that in the same runs.
+    result = CompareResult(CompareConfig(model_dir="/m", workload=WorkloadSpec("image-1"), runs=3),
+                           [runs("hf", [1.0, 2.0, 4.0]), runs("cluster", [10 / 20, 10 / 15, 10 / 5.5])])
+    lines = format_compare(result).splitlines()
+    assert next(line for line in lines if line.startswith("tok/s ÷ hf  ")).split()[-1] == "2.20"
+    assert next(line for line in lines if line.startswith("tok/s ÷ hf, range of runs")).split()[-1] == "2.00-3.00"
+    single = format_compare(comparison(column("hf", [4], 1.0), column("cluster", [4], 0.5)))
+    assert "range of runs" not in single  # one run has no spread to show
+
+
 def test_medians_over_runs():
     runs = [[RequestResult(0, True, 0.0, 0.1, 0.5, (), 4)] for _ in range(3)]
     col = ConfigResult("x", "", [summarize(r, w) for r, w in zip(runs, (1.0, 2.0, 4.0), strict=True)], runs)
