@@ -23,7 +23,7 @@ from epd.bench.load import Background, LoadConfig, Progress, base_url, run_load
 from epd.bench.process_cpu import epd_role, per_request, tree_cpu_s
 from epd.bench.results import RequestResult
 from epd.bench.servers import ServerStartError, epd_serve_command, start_server
-from epd.bench.stats import Slo, Summary, median_figures, paired_ratios, summarize
+from epd.bench.stats import Slo, Summary, median_figures, median_ratios, paired_ratios, summarize
 from epd.bench.workloads import BenchRequest, WorkloadSpec, make_requests
 
 BUILT_IN = ("hf", "colocated", "cluster")
@@ -103,16 +103,14 @@ class CompareResult:
         """Each column's `figure` ÷ the `base` column's, paired by run (run r against run r) and the
         median taken over runs; None when the base did not run."""
         by_run = self.ratio_runs(base, figure)
-        if by_run is None:  # the base was skipped, or unavailable: it never ran
-            return None
-        return {label: statistics.median(ratios) if ratios else None for label, ratios in by_run.items()}
+        return None if by_run is None else median_ratios(by_run)
 
     def ratio_runs(self, base: str, figure: str = "output_tok_per_s") -> dict[str, list[float]] | None:
         """Each column's `figure` ÷ the `base` column's, run by run (what `ratios` takes the median of):
         their spread says how far two columns' medians must lie apart to mean anything on a machine
         whose speed drifts. None when the base did not run."""
         base_col = self.column(base)
-        if base_col is None or not base_col.summaries:
+        if base_col is None or not base_col.summaries:  # the base was skipped, or unavailable: it never ran
             return None
         base_runs = [s.figures().get(figure) for s in base_col.summaries]
         return {c.label: paired_ratios([s.figures().get(figure) for s in c.summaries], base_runs)
@@ -130,13 +128,15 @@ class CompareResult:
     def to_dict(self) -> dict:
         c = self.config
         agreements = self.agreements() or {}
+        by_run = {base: self.ratio_runs(base) for base in RATIO_BASES}
         return {"model_dir": c.model_dir, "workload": c.workload.name, "concurrency": c.concurrency,
                 "requests": c.requests, "output_len": c.output_len, "runs": c.runs, "seed": c.seed,
                 "background": None if c.background is None else f"{c.background.workload.name}:"
                                                                  f"{c.background.concurrency}",
                 "columns": [col.to_dict() for col in self.columns],
-                "ratios": {f"output_tok_per_s / {base}": self.ratios(base) for base in RATIO_BASES},
-                "ratios_by_run": {f"output_tok_per_s / {base}": self.ratio_runs(base) for base in RATIO_BASES},
+                "ratios": {f"output_tok_per_s / {base}": None if runs is None else median_ratios(runs)
+                           for base, runs in by_run.items()},
+                "ratios_by_run": {f"output_tok_per_s / {base}": runs for base, runs in by_run.items()},
                 "same_output_as_hf": {label: None if a is None else a.to_dict() for label, a in agreements.items()}}
 
 

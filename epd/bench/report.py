@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from epd.bench.process_cpu import ROLES
 from epd.bench.results import RequestResult
-from epd.bench.stats import Summary
+from epd.bench.stats import Summary, median_ratios
 
 if TYPE_CHECKING:
     from epd.bench.compare import CompareResult
@@ -80,10 +80,10 @@ def format_compare(result: CompareResult) -> str:
                                                 for col in result.columns]))
     for base in ("hf", "colocated"):
         if result.column(base) is not None:
-            ratios = result.ratios(base) or {}
+            by_run = result.ratio_runs(base) or {}  # once: each run's figures are computed from its results
+            ratios = median_ratios(by_run)
             rows.append((f"tok/s ÷ {base}", [_ratio(ratios.get(label)) for label in labels]))
             if c.runs > 1:
-                by_run = result.ratio_runs(base) or {}
                 rows.append((f"tok/s ÷ {base}, range of runs",
                              ["" if label == base else _range(by_run.get(label)) for label in labels]))
     agreements = result.agreements()

@@ -153,3 +153,8 @@ def median_figures(runs: Iterable[dict[str, float | None]]) -> dict[str, float |
 def paired_ratios(values: Sequence[float | None], bases: Sequence[float | None]) -> list[float]:
     """values[r] / bases[r] for the runs r where both exist and the base is not 0, in run order; pure."""
     return [v / b for v, b in zip(values, bases, strict=False) if v is not None and b]
+
+
+def median_ratios(by_run: Mapping[str, Sequence[float]]) -> dict[str, float | None]:
+    """Each column's median over its per-run ratios (`paired_ratios`), None where no run paired; pure."""
+    return {label: statistics.median(ratios) if ratios else None for label, ratios in by_run.items()}

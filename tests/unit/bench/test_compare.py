@@ -8,7 +8,7 @@ import pytest
 
 from epd.bench.compare import CompareConfig, CompareResult, ConfigResult, _Column, run_compare
 from epd.bench.results import RequestResult
-from epd.bench.stats import paired_ratios, summarize
+from epd.bench.stats import median_ratios, paired_ratios, summarize
 from epd.bench.workloads import WorkloadSpec
 
 
@@ -58,6 +58,10 @@ def test_paired_ratios_pair_runs_and_skip_missing_ones():
     assert paired_ratios([20.0, None, 60.0], [10.0, 10.0, 0.0]) == [2.0]  # run 2 missing, run 3 base 0
     assert paired_ratios([None], [1.0]) == []
     assert paired_ratios([], []) == []
+
+
+def test_median_ratios_take_each_columns_median_and_none_where_no_run_paired():
+    assert median_ratios({"cluster": [2.0, 4.0, 3.0], "down": []}) == {"cluster": 3.0, "down": None}
 
 
 def _column(label: str, walls: list[float]) -> ConfigResult:
