@@ -11,7 +11,8 @@ from epd.worker_args import env_default
 # numbers, and flags with a fixed set of values.
 PASSED_ENGINE_FLAGS = ("--kv-cache-mb", "--kv-blocks", "--max-running", "--max-batched-tokens", "--max-prefill-chunk",
                        "--decode-step-interval-ms")
-PASSED_ENGINE_CHOICES = {"--kernels": KERNEL_MODES}
+DECODE_FORWARDS = ("direct", "module")  # epd.engine.direct_decode, or the model's modules
+PASSED_ENGINE_CHOICES = {"--kernels": KERNEL_MODES, "--decode-forward": DECODE_FORWARDS}
 ENCODER_TAKES = ("--kernels",)  # of those, the ones an encoder takes too (its vision tower's kernels)
 ENGINE_ROLES = ("prefill", "decode", "colocated")  # the workers that run the engine
 DEFAULT_DECODE_STEP_INTERVAL_MS = 0  # off: pacing trades inter-token latency for throughput (README)
@@ -54,6 +55,14 @@ def add_kernels_argument(p, what: str) -> None:
                         "else torch; default)")
 
 
+def add_decode_forward_argument(p) -> None:
+    """`--decode-forward` for an engine worker or a benchmark (on a parser or an argument group)."""
+    p.add_argument("--decode-forward", choices=DECODE_FORWARDS, default=env_default("decode_forward", "direct"),
+                   help="decode-only steps: direct (calls on the layers' weights, the same bits with less Python "
+                        "per step; where the native float32 kernels run, else the modules) or module (through "
+                        "the model's modules, as prompt steps; default: direct)")
+
+
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--kv-cache-mb", type=int, default=env_default("kv_cache_mb", 1024),
@@ -75,6 +84,7 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     add_kernels_argument(g, "the decode attention reading the KV pool in place, a fused RMSNorm, the MoE "
                             "experts' end, a decode step's experts and, in float32, its dense products and "
                             "latent attention's rope; a colocated worker's vision GELU too")
+    add_decode_forward_argument(g)
     g.add_argument("--decode-step-interval-ms", type=int,
                    default=env_default("decode_step_interval_ms", DEFAULT_DECODE_STEP_INTERVAL_MS),
                    help="decode workers on a CPU whose cores other processes keep busy (an encoder, a "
@@ -107,4 +117,4 @@ def engine_config(args: argparse.Namespace):
         raise ValueError(f"--kv-blocks must be >= 0 and --kv-cache-mb >= 1, got {args.kv_blocks}, {args.kv_cache_mb}")
     return EngineConfig(block_size=args.block_size, kv_cache_bytes=args.kv_cache_mb << 20,
                         num_blocks=args.kv_blocks or None, enable_prefix_cache=not args.no_prefix_cache,
-                        kernels=args.kernels, scheduler=scheduler)
+                        kernels=args.kernels, direct_decode=args.decode_forward == "direct", scheduler=scheduler)

@@ -12,6 +12,7 @@ import shlex
 import sys
 
 from epd.dtypes import DTYPES
+from epd.engine_args import add_decode_forward_argument
 from epd.kernels import MODES as KERNEL_MODES
 
 WORKLOAD_NAMES = ("text", "image-1", "image-4", "repeat")  # = epd.bench.workloads.WORKLOADS (a test keeps them equal)
@@ -59,6 +60,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     decode.add_argument("--profile", action="store_true", help="also print where one step's time goes")
     decode.add_argument("--kernels", choices=KERNEL_MODES, default="auto",
                         help="our C++ kernels or torch's operators (as the workers' flag)")
+    add_decode_forward_argument(decode)
     decode.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     decode.set_defaults(bench_run=_decode)
 
@@ -114,7 +116,8 @@ def _decode(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.context < 1 or args.steps < 1:
         raise ValueError("--batch, --context and --steps must be >= 1")
     result, table = run_decode_bench(args.model, args.batch, args.context, args.steps, args.dtype, args.profile,
-                                     args.device, kernels=args.kernels)
+                                     args.device, kernels=args.kernels,
+                                     direct_decode=args.decode_forward == "direct")
     print(format_decode(result))
     if table:
         print(table)

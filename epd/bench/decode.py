@@ -61,7 +61,8 @@ def _sync(device: torch.device) -> None:
 
 
 class ExpertCounter:
-    """Counts, per step, the distinct experts each MoE layer ran (forward hooks on the expert modules)."""
+    """Counts, per step, the distinct experts each MoE layer ran (forward pre-hooks on the expert modules,
+    which the direct decode forward calls too)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.hit: dict[int, set[int]] = {}
@@ -115,7 +116,7 @@ def dense_weight_bytes(model: torch.nn.Module) -> int:
 def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int = 20, dtype: str = "auto",
                      profile: bool = False, device: str = "cpu",
                      read_gb_per_s: float | None = None,
-                     kernels: str = "auto") -> tuple[DecodeBench, str | None]:
+                     kernels: str = "auto", direct_decode: bool = True) -> tuple[DecodeBench, str | None]:
     """Prefill `batch` prompts of `context` tokens, then time `steps` decode steps of the whole batch.
 
     `read_gb_per_s`: the device's read bandwidth if the caller measured it already (else measured here)."""
@@ -131,7 +132,7 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     vocab = int(language.config.get_text_config().vocab_size)
     tokens = batch * (context + steps + _SPARE_TOKENS)
     engine = Engine(language, EngineConfig(kv_cache_bytes=1 << 40, num_blocks=tokens // 16 + batch + 2,
-                                           kernels=kernels),
+                                           kernels=kernels, direct_decode=direct_decode),
                     eos_token_ids(language.model_dir, language.config), role="bench")
     params = SamplingParams(max_tokens=steps + _SPARE_TOKENS, ignore_eos=True)
     seqs = [engine.new_sequence(f"bench-{i}", [(37 * i + 11 * j) % (vocab - 1) + 1 for j in range(context)],
@@ -171,8 +172,16 @@ def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
     # (both its callers, GQA's paged_attention and MLA's, call it through the attention module).
     calls = [(engine.cache, "update", "KV cache: write, gather"),
              (attention, "pool_decode_attention", "decode attention, in place")]
-    parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=calls), batch,
-                         always=[label for _, _, label in calls])
+    # Parts are timed by hooks on the modules, which the direct decode forward does not call: those
+    # steps go through the modules (the operator table below times the step as it runs).
+    direct, engine.runner.direct = engine.runner.direct, None
+    try:
+        parts = format_parts(time_parts(model, engine.step, steps=_PROFILED_STEPS, calls=calls), batch,
+                             always=[label for _, _, label in calls])
+    finally:
+        engine.runner.direct = direct
+    if direct is not None:
+        parts += "\n  (those steps ran through the modules; the measured steps and the one below, the direct forward)"
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         engine.step()
     return parts + "\n\none step by operator:\n" + prof.key_averages().table(sort_by="self_cpu_time_total",

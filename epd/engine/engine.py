@@ -18,6 +18,7 @@ import torch
 from epd import metrics
 from epd.engine import attention, decode_linear, fused_norm, mla, onednn_linear, ungrouped_router
 from epd.engine.block_manager import BlockManager
+from epd.engine.direct_decode import DirectDecode, NotDirect
 from epd.engine.encode import EncodedImage
 from epd.engine.model_runner import ModelRunner, SequenceInputs
 from epd.engine.native_kernels import engine_kernels, use_native_kernels
@@ -43,6 +44,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     absorb_latent_attention: bool = True  # MLA families: attention over the cached latents (see mla.py)
     kernels: str = "auto"  # auto | native | torch: our C++ kernels or torch's (epd.engine.native_kernels)
+    direct_decode: bool = True  # decode-only steps through epd.engine.direct_decode, where it applies
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -98,6 +100,7 @@ class Engine:
             decode_linear.install(language.model, onednn)
             experts.install_native(language.model, onednn)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
+        self.runner.direct = self._direct_decode(native)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
         self.step_threads: Callable[[int, int], int] | None = None
         self._preemptions_seen = 0
@@ -202,6 +205,24 @@ class Engine:
                 raise RuntimeError("sequences wait for KV blocks that no running sequence will free")
             outputs.extend(self.step())
         return outputs
+
+    def _direct_decode(self, native: bool) -> DirectDecode | None:
+        """The direct decode forward where the config asks for it and the model allows it; logged."""
+        reason = None
+        if not self.config.direct_decode:
+            reason = "--decode-forward module"
+        elif not native:
+            reason = "it needs the native kernels"
+        else:
+            try:
+                direct = DirectDecode.build(self.language.model)
+            except NotDirect as exc:
+                reason = str(exc)
+        if reason is not None:
+            log.info("%s engine: decode steps through the modules (%s)", self.role, reason)
+            return None
+        log.info("%s engine: decode steps through the direct forward", self.role)
+        return direct
 
     def _publish_gauges(self) -> None:
         metrics.KV_BLOCKS_USED.labels(self.role).set(self.blocks.num_used_blocks)

@@ -14,6 +14,7 @@ import torch
 
 from epd.engine import onednn_linear
 from epd.engine.attention import PrefillSegment, StepLayout, causal_chunk_mask
+from epd.engine.direct_decode import DirectDecode
 from epd.engine.paged_cache import NamedTensors, PagedKVCache
 from epd.engine.positions import PositionPlan
 from epd.engine.sampling import Sampler
@@ -106,6 +107,7 @@ class ModelRunner:
         self.block_size = cache.block_size
         self.decode_in_place = decode_in_place  # decodes read the pool with the native kernel (no gather)
         self.decode_length_step = decode_length_step(cache.keys[0].dtype, cache.device)
+        self.direct: DirectDecode | None = None  # decode-only steps' forward, where the engine built one
 
     @torch.inference_mode()
     def execute(self, scheduled: list[Scheduled]) -> dict[int, int]:
@@ -120,12 +122,20 @@ class ModelRunner:
         position_ids = positions.unsqueeze(0) if positions.ndim == 1 else positions.unsqueeze(1)
         images = [{name: t.to(device) for name, t in image.items()} for image in batch.images]
         mm = {"image": self.language.adapter.join_output(images)} if images else None
+        input_ids = torch.tensor([batch.ids], dtype=torch.long, device=device)
+        keep = torch.tensor(batch.keep, dtype=torch.long, device=device)
         with onednn_linear.decode_step(not layout.prefills):  # decode-only: products past 16 rows stay with MKL
-            out = self.model(input_ids=torch.tensor([batch.ids], dtype=torch.long, device=device),
-                             position_ids=position_ids, cache=self.cache, use_cache=True, mm_encoder_outputs=mm,
-                             logits_to_keep=torch.tensor(batch.keep, dtype=torch.long, device=device),
-                             epd_layout=layout)
-        return sample_rows(out.logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
+            if self._direct(layout, batch):
+                logits = self.direct(input_ids, position_ids, self.cache, layout, keep)
+            else:
+                logits = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache, use_cache=True,
+                                    mm_encoder_outputs=mm, logits_to_keep=keep, epd_layout=layout).logits
+        return sample_rows(logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
+
+    def _direct(self, layout: StepLayout, batch: _Batch) -> bool:
+        """Whether this step runs through the direct decode forward: decodes only, read in place."""
+        return (self.direct is not None and not layout.prefills and not batch.images and layout.pool is not None
+                and self.direct.takes(batch.ids))
 
     def export_prompt(self, seq: Sequence) -> NamedTensors:
         """The blocks holding the prompt's KV (the last one may be partly filled)."""

@@ -121,15 +121,31 @@ def _decodes_natively(self, hidden_states: torch.Tensor, top_k_index: torch.Tens
     """Whether moe_decode computes this layer's call: a few (token, expert) pairs on a CPU, rows and
     weights both bfloat16 or both float32, the library's layout ([E, 2I, H] and [E, H, I]) and gating
     (silu(gate) * up, gate first)."""
-    gate_up, down = self.gate_up_proj, self.down_proj
     return (hidden_states.device.type == "cpu" and hidden_states.dtype in NATIVE_DECODE_DTYPES
             and top_k_index.numel() <= _pairs_per_expert(hidden_states.dtype) * self.num_experts
-            and gate_up.dtype == hidden_states.dtype and down.dtype == hidden_states.dtype
-            and not _library_only(self)
+            and _native_decode_layer(self, hidden_states.dtype))
+
+
+def _native_decode_layer(self, dtype: torch.dtype) -> bool:
+    """The parts of `_decodes_natively` that depend on the layer alone (and the rows' dtype)."""
+    gate_up, down = self.gate_up_proj, self.down_proj
+    return (gate_up.dtype == dtype and down.dtype == dtype and not _library_only(self)
             and not self.is_transposed and isinstance(self.act_fn, (SiLUActivation, torch.nn.SiLU))
             and getattr(self._apply_gate, "__func__", None) is _default_apply_gate
             and gate_up.shape[-1] % WIDTH_MULTIPLE == 0 and down.shape[-1] % WIDTH_MULTIPLE == 0
             and gate_up.is_contiguous() and down.is_contiguous())
+
+
+def float32_decode_pairs(self) -> int | None:
+    """The most (token, expert) pairs of a float32 decode call that this layer's installed forward
+    sends to moe_decode (whatever the thread count: float32's limit is fixed), or None where that
+    forward is not ours or the layer is not one moe_decode takes (epd.engine.direct_decode)."""
+    if getattr(self.config, "_experts_implementation", None) not in (NATIVE_NAME, ONEDNN_NAME):
+        return None
+    weight = self.gate_up_proj
+    if weight.device.type != "cpu" or not _native_decode_layer(self, torch.float32):
+        return None
+    return int(NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32 * self.num_experts)
 
 
 def _library_only(self) -> bool:
