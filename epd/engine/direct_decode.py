@@ -196,10 +196,10 @@ class LatentAttention:
         q_nope, q_rot = torch.split(q, [self.nope, self.rope], dim=-1)
         latent, k_rot = torch.split(self.kv_a(x), [self.rank, self.rope], dim=-1)
         latent = self.kv_norm(latent).view(1, 1, n, self.rank)  # [1, 1, n, R]
-        q_rot, k_rot = mla._rotary(self.module, q_rot, k_rot.view(1, 1, n, self.rope), *rope)
+        q_rot, k_rot = mla.rotary(self.module, q_rot, k_rot.view(1, 1, n, self.rope), *rope)
         cache.keys[self.layer].index_copy_(1, layout.slot_mapping, latent[0])  # the pools PagedKVCache.update writes
         cache.values[self.layer].index_copy_(1, layout.slot_mapping, k_rot[0])
-        mixed = mla._absorbed_decodes(self.module, q_nope[0], q_rot[0], None, layout)  # [n, H, Dv]
+        mixed = mla.absorbed_decodes(self.module, q_nope[0], q_rot[0], None, layout)  # [n, H, Dv]
         return self.out(mixed.reshape(1, n, -1))
 
     @classmethod

@@ -62,7 +62,7 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
     latent, k_rot = torch.split(self.kv_a_proj_with_mqa(hidden_states), [rank, rope], dim=-1)
     latent = self.kv_a_layernorm(latent).view(batch, 1, length, rank)  # [1, 1, T, R]
     k_rot = k_rot.view(batch, 1, length, rope)  # [1, 1, T, Dr]
-    q_rot, k_rot = _rotary(self, q_rot, k_rot, *position_embeddings)
+    q_rot, k_rot = rotary(self, q_rot, k_rot, *position_embeddings)
     latent, k_rot = cache.update(latent, k_rot, self.layer_idx, kwargs=kwargs)  # [1, 1, K, R], [1, 1, K, Dr]
 
     layout: StepLayout = kwargs["epd_layout"]
@@ -71,7 +71,7 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
     if n:
         gathered = layout.decode_kv_len * n
         past = None if layout.pool is not None else (latent[0, :, :gathered], k_rot[0, :, :gathered])
-        out[:n] = _absorbed_decodes(self, q_nope[0, :, :n], q_rot[0, :, :n], past, layout)
+        out[:n] = absorbed_decodes(self, q_nope[0, :, :n], q_rot[0, :, :n], past, layout)
     for seg in layout.prefills:
         kv = slice(seg.kv_start, seg.kv_start + seg.kv_len)
         rows = slice(seg.q_start, seg.q_start + seg.q_len)
@@ -80,7 +80,7 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
     return self.o_proj(out.reshape(batch, length, heads * v_dim)), None
 
 
-def _absorbed_decodes(self, q_nope, q_rot, past: tuple[torch.Tensor, torch.Tensor] | None,
+def absorbed_decodes(self, q_nope, q_rot, past: tuple[torch.Tensor, torch.Tensor] | None,
                       layout: StepLayout) -> torch.Tensor:
     """q_nope [H, n, Dn], q_rot [H, n, Dr], past: the gathered (latent [1, n*L, R], k_rot [1, n*L, Dr]),
     or None when the native kernel reads them from the pool in place -> [n, H, Dv]."""
@@ -111,7 +111,7 @@ def _expanded_prefill(self, q_nope, q_rot, latent, k_rot, mask) -> torch.Tensor:
     return out.transpose(0, 1)
 
 
-def _rotary(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def rotary(module: torch.nn.Module, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     """q [1, H, T, Dr], k [1, 1, T, Dr] rotated by the layer's own function, or where `install` chose
     the native kernel and all is float32 by `rope_interleave`: the same bits in one call (the
     library's twenty-odd operators were 3.5% of a Kimi batch-1 decode step)."""
