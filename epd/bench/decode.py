@@ -32,6 +32,7 @@ class DecodeBench:
     kv_bytes_per_step: float  # cached keys/values the attention reads
     read_gb_per_s: float  # this machine, measured now: a full read of a buffer far larger than caches
     bound_tokens_per_s: float  # batch / (weight bytes / read bandwidth)
+    forward: str = "modules"  # how the steps ran: "direct" (epd.engine.direct_decode) or through the modules
 
     @property
     def fraction_of_bound(self) -> float:
@@ -158,7 +159,8 @@ def run_decode_bench(model_dir: str, batch: int, context: int = 256, steps: int 
     kv = per_token_kv * sum(seq.num_tokens for seq in seqs)
     bandwidth = read_gb_per_s or read_bandwidth_gb_per_s(device=where)
     bound = batch / (weights / (bandwidth * 1e9))
-    return DecodeBench(batch, context, step_s * 1000, batch / step_s, weights, kv, bandwidth, bound), table
+    forward = "modules" if engine.runner.direct is None else "direct"
+    return DecodeBench(batch, context, step_s * 1000, batch / step_s, weights, kv, bandwidth, bound, forward), table
 
 
 def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
@@ -191,7 +193,8 @@ def _profile_step(engine, model: torch.nn.Module, batch: int) -> str:
 def format_decode(result: DecodeBench) -> str:
     r = result
     return "\n".join([
-        f"decode at batch {r.batch}, context {r.context}: {r.step_ms:.1f} ms per step, {r.tokens_per_s:.0f} tokens/s",
+        f"decode at batch {r.batch}, context {r.context} ({r.forward} forward): {r.step_ms:.1f} ms per step, "
+        f"{r.tokens_per_s:.0f} tokens/s",
         f"  weights read per step: {r.weight_bytes_per_step / 2**20:.1f} MiB (dense + LM head + experts hit); "
         f"KV read: {r.kv_bytes_per_step / 2**20:.1f} MiB",
         f"  read bandwidth (measured now): {r.read_gb_per_s:.1f} GB/s -> bound {r.bound_tokens_per_s:.0f} tokens/s",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from epd.bench.decode import DecodeBench, ExpertCounter, dense_weight_bytes
+from epd.bench.decode import DecodeBench, ExpertCounter, dense_weight_bytes, format_decode
 
 
 class _Experts(torch.nn.Module):
@@ -52,3 +52,10 @@ def test_fraction_of_the_bound():
     r = DecodeBench(batch=8, context=10, step_ms=10.0, tokens_per_s=800.0, weight_bytes_per_step=1e8,
                     kv_bytes_per_step=0.0, read_gb_per_s=10.0, bound_tokens_per_s=800.0)
     assert r.fraction_of_bound == 1.0 and r.to_dict()["fraction_of_bound"] == 1.0
+
+
+def test_the_report_says_which_forward_ran():
+    r = DecodeBench(batch=2, context=10, step_ms=10.0, tokens_per_s=200.0, weight_bytes_per_step=1e8,
+                    kv_bytes_per_step=0.0, read_gb_per_s=10.0, bound_tokens_per_s=200.0, forward="direct")
+    assert format_decode(r).startswith("decode at batch 2, context 10 (direct forward): 10.0 ms per step")
+    assert r.to_dict()["forward"] == "direct"
