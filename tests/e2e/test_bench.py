@@ -153,6 +153,8 @@ def test_decode_profile_names_the_parts_of_a_real_step(family, kernels, tmp_path
         assert rows["layer.self_attn.(decode attention, in place)"] > 0
     assert rows["outside the model (packing, sampling, scheduling)"] > 0
     assert "aten::" in out.split("one step by operator:")[1]
+    # float32 with the native kernels decodes through the direct forward; its parts are timed through the modules
+    assert ("(direct forward)" in out) is (kernels == "native")
 
 
 def test_hf_keeps_an_end_token_it_picks_and_goes_on_as_ignore_eos_does(tmp_path):
