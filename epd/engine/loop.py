@@ -47,6 +47,7 @@ class Stream:
         self.seq = seq
         self.admitted = threading.Event()  # set once the engine took the sequence (queued or running)
         self._items: queue.SimpleQueue[StepOutput | BaseException] = queue.SimpleQueue()
+        self._first: StepOutput | None = None  # an output `wait_admitted` took, next for `get` (one reader)
 
     def put(self, item: StepOutput | BaseException) -> None:
         self._items.put(item)
@@ -63,10 +64,17 @@ class Stream:
                 continue
             if isinstance(item, BaseException):
                 raise item
-            self._items.put(item)  # cannot happen before admission; keep it rather than lose it
+            # An output: the engine admitted the sequence and stepped it between our wait and this look.
+            # It is the first of the outputs and must stay first: put back behind the ones queued
+            # since, it swapped a stream's tokens (a CI run of 64 streams got tokens 1 and 2 reversed).
+            self._first = item
+            return
 
     def get(self, timeout_s: float) -> StepOutput:
         """The next output; raises what the engine reported, or TimeoutError after timeout_s."""
+        if self._first is not None:
+            item, self._first = self._first, None
+            return item
         try:
             item = self._items.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:
