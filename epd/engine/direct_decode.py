@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import SiLUActivation
 
-from epd.engine import decode_linear, fused_norm, mla, ungrouped_router
+from epd.engine import attention, decode_linear, fused_norm, mla, ungrouped_router
 from epd.engine.attention import StepLayout
 from epd.engine.paged_cache import PagedKVCache
 from epd.models import experts
@@ -51,8 +51,8 @@ def _kernel(name: str):
 
 
 def _forward_of(module: torch.nn.Module):
-    """The function bound as `module.forward` (ours after a reroute), or None."""
-    return getattr(module.forward, "__func__", None)
+    """The function bound as `module.forward`: ours after a reroute, else the class's."""
+    return module.forward.__func__
 
 
 @dataclass(frozen=True)
@@ -131,12 +131,12 @@ class Experts:
 class SharedExpertMoe:
     """DeepSeek-V3's MoE layer (Kimi-K2.5): routed experts plus shared ones, as DeepseekV3MoE.forward."""
 
-    router: torch.nn.Module  # called through ungrouped_router_forward, which it has
+    router: torch.nn.Module  # its forward is ungrouped_router_forward
     experts: Experts
     shared: GatedMlp
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        _, weights, index = ungrouped_router.ungrouped_router_forward(self.router, x)
+        _, weights, index = self.router.forward(x)
         routed = self.experts(x.view(-1, x.shape[-1]), index, weights).view(*x.shape)
         return routed + self.shared(x)
 
@@ -145,14 +145,13 @@ class SharedExpertMoe:
 class RoutedMoe:
     """Qwen3-VL-MoE's sparse block: routed experts only, the library's router."""
 
-    router: torch.nn.Module
-    route: Callable  # the router class's own forward
+    router: torch.nn.Module  # its forward is the library's
     experts: Experts
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, hidden = x.shape
         rows = x.view(-1, hidden)
-        _, weights, index = self.route(self.router, rows)
+        _, weights, index = self.router.forward(rows)
         return self.experts(rows, index, weights).reshape(batch, length, hidden)
 
 
@@ -163,9 +162,10 @@ def _mlp(module: torch.nn.Module):
             raise NotDirect("the DeepSeek-V3 router chooses among expert groups (the library's forward)")
         return SharedExpertMoe(module.gate, Experts.of(module.experts), GatedMlp.of(module.shared_experts))
     if kind == "Qwen3VLMoeTextSparseMoeBlock":
-        if type(module.gate).__name__ != "Qwen3VLMoeTextTopKRouter" or "forward" in vars(module.gate):
-            raise NotDirect(f"{type(module.gate).__name__} is not the library's Qwen3-VL-MoE router")
-        return RoutedMoe(module.gate, type(module.gate).forward, Experts.of(module.experts))
+        gate = module.gate
+        if type(gate).__name__ != "Qwen3VLMoeTextTopKRouter" or _forward_of(gate) is not type(gate).forward:
+            raise NotDirect(f"{type(gate).__name__} is not the library's Qwen3-VL-MoE router")
+        return RoutedMoe(gate, Experts.of(module.experts))
     if kind in ("DeepseekV3MLP", "Qwen3VLMoeTextMLP"):
         return GatedMlp.of(module)
     raise NotDirect(f"no direct decode forward for {kind}")
@@ -197,8 +197,7 @@ class LatentAttention:
         latent, k_rot = torch.split(self.kv_a(x), [self.rank, self.rope], dim=-1)
         latent = self.kv_norm(latent).view(1, 1, n, self.rank)  # [1, 1, n, R]
         q_rot, k_rot = mla.rotary(self.module, q_rot, k_rot.view(1, 1, n, self.rope), *rope)
-        cache.keys[self.layer].index_copy_(1, layout.slot_mapping, latent[0])  # the pools PagedKVCache.update writes
-        cache.values[self.layer].index_copy_(1, layout.slot_mapping, k_rot[0])
+        cache.write(latent[0], k_rot[0], self.layer, layout.slot_mapping)
         mixed = mla.absorbed_decodes(self.module, q_nope[0], q_rot[0], None, layout)  # [n, H, Dv]
         return self.out(mixed.reshape(1, n, -1))
 
@@ -228,7 +227,6 @@ class GroupedAttention:
     head_dim: int
     scale: float
     layer: int
-    kernel: Callable  # torch.ops.epd.paged_decode
 
     def __call__(self, x: torch.Tensor, rope: Rope, cache: PagedKVCache, layout: StepLayout) -> torch.Tensor:
         """x [1, n, hidden] -> [1, n, hidden]; writes the n new keys and values to the pools."""
@@ -237,11 +235,9 @@ class GroupedAttention:
         k = self.k_norm(self.k(x).view(1, n, -1, self.head_dim)).transpose(1, 2)  # [1, Hk, n, D]
         v = self.v(x).view(1, n, -1, self.head_dim).transpose(1, 2)  # [1, Hk, n, D]
         q, k = self.rotate(q, k, *rope)
-        keys, values = cache.keys[self.layer], cache.values[self.layer]
-        keys.index_copy_(1, layout.slot_mapping, k[0])
-        values.index_copy_(1, layout.slot_mapping, v[0])
-        out = self.kernel(q[0].transpose(0, 1).contiguous(), keys, None, values, layout.decode_slots,
-                          layout.decode_lengths, self.scale)  # [n, Hq, D]
+        cache.write(k[0], v[0], self.layer, layout.slot_mapping)
+        out = attention.pool_decode_attention(q[0], cache.keys[self.layer], None, cache.values[self.layer], layout,
+                                              self.scale)  # [n, Hq, D]
         return self.out(out.reshape(1, n, -1))
 
     @classmethod
@@ -251,7 +247,7 @@ class GroupedAttention:
         rotate = sys.modules[type(module).__module__].apply_rotary_pos_emb
         return cls(Linear.of(module.q_proj), Linear.of(module.k_proj), Linear.of(module.v_proj),
                    Linear.of(module.o_proj), Norm.of(module.q_norm), Norm.of(module.k_norm), rotate,
-                   module.head_dim, module.scaling, module.layer_idx, _kernel("paged_decode"))
+                   module.head_dim, module.scaling, module.layer_idx)
 
 
 def _attention(module: torch.nn.Module):

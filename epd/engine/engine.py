@@ -208,7 +208,6 @@ class Engine:
 
     def _direct_decode(self, native: bool) -> DirectDecode | None:
         """The direct decode forward where the config asks for it and the model allows it; logged."""
-        reason = None
         if not self.config.direct_decode:
             reason = "--decode-forward module"
         elif not native:
@@ -216,13 +215,12 @@ class Engine:
         else:
             try:
                 direct = DirectDecode.build(self.language.model)
+                log.info("%s engine: decode steps through the direct forward", self.role)
+                return direct
             except NotDirect as exc:
                 reason = str(exc)
-        if reason is not None:
-            log.info("%s engine: decode steps through the modules (%s)", self.role, reason)
-            return None
-        log.info("%s engine: decode steps through the direct forward", self.role)
-        return direct
+        log.info("%s engine: decode steps through the modules (%s)", self.role, reason)
+        return None
 
     def _publish_gauges(self) -> None:
         metrics.KV_BLOCKS_USED.labels(self.role).set(self.blocks.num_used_blocks)

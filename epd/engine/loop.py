@@ -45,36 +45,40 @@ class Stream:
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
-        self.admitted = threading.Event()  # set once the engine took the sequence (queued or running)
         self._items: queue.SimpleQueue[StepOutput | BaseException] = queue.SimpleQueue()
-        self._first: StepOutput | None = None  # an output `wait_admitted` took, next for `get` (one reader)
+        # Set once the engine took the sequence (queued or running) or refused it (`_refusal`). The
+        # wait reads these, never the queue: taking an output off it to look for a refusal, and putting
+        # it back behind the ones queued since, once reversed a stream's tokens 1 and 2 (a CI run of
+        # 64 concurrent streams).
+        self._decided = threading.Event()
+        self._refusal: BaseException | None = None
 
     def put(self, item: StepOutput | BaseException) -> None:
         self._items.put(item)
 
+    @property
+    def admitted(self) -> bool:
+        """Whether the engine has taken the sequence."""
+        return self._decided.is_set() and self._refusal is None
+
+    def admit(self) -> None:
+        self._decided.set()
+
+    def refuse(self, exc: BaseException) -> None:
+        """The engine will not take the sequence: `wait_admitted` raises `exc`, and so does `get`."""
+        self._refusal = exc
+        self._items.put(exc)
+        self._decided.set()
+
     def wait_admitted(self, timeout_s: float) -> None:
         """Return once the engine has taken the sequence; raise what refused it, or TimeoutError."""
-        deadline = time.monotonic() + timeout_s
-        while not self.admitted.wait(min(0.05, max(deadline - time.monotonic(), 0.0))):
-            try:
-                item = self._items.get_nowait()
-            except queue.Empty:
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(f"{self.seq.request_id} not admitted within {timeout_s:.1f} s") from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            # An output: the engine admitted the sequence and stepped it between our wait and this look.
-            # It is the first of the outputs and must stay first: put back behind the ones queued
-            # since, it swapped a stream's tokens (a CI run of 64 streams got tokens 1 and 2 reversed).
-            self._first = item
-            return
+        if not self._decided.wait(max(timeout_s, 0.0)):
+            raise TimeoutError(f"{self.seq.request_id} not admitted within {timeout_s:.1f} s")
+        if self._refusal is not None:
+            raise self._refusal
 
     def get(self, timeout_s: float) -> StepOutput:
         """The next output; raises what the engine reported, or TimeoutError after timeout_s."""
-        if self._first is not None:
-            item, self._first = self._first, None
-            return item
         try:
             item = self._items.get(timeout=max(timeout_s, 0.0))
         except queue.Empty:
@@ -173,7 +177,7 @@ class EngineLoop:
             return
         seq = item.stream.seq
         if seq.request_id in self._streams:
-            item.stream.put(ValueError(f"request {seq.request_id!r} is already in the engine"))
+            item.stream.refuse(ValueError(f"request {seq.request_id!r} is already in the engine"))
             return
         try:
             if item.kv is None:
@@ -182,10 +186,10 @@ class EngineLoop:
                 raise EngineFull(f"no free KV blocks for {seq.max_total_tokens} tokens "
                                  f"({self.engine.blocks.num_free_blocks} blocks free)")
         except (QueueFull, EngineFull, ValueError) as exc:
-            item.stream.put(EngineFull(str(exc)) if isinstance(exc, QueueFull) else exc)
+            item.stream.refuse(EngineFull(str(exc)) if isinstance(exc, QueueFull) else exc)
             return
         self._streams[seq.request_id] = item.stream
-        item.stream.admitted.set()
+        item.stream.admit()
 
     def _pace(self, step_s: float) -> None:
         """Wait after a decode step while other processes keep our CPUs busy (see epd.engine.pacing)."""

@@ -78,12 +78,15 @@ class PagedKVCache:
         layout = (kwargs or {}).get("epd_layout")
         if layout is None:
             raise RuntimeError("PagedKVCache.update needs the engine's step layout (epd_layout=...)")
-        keys, values = self.keys[layer_idx], self.values[layer_idx]
-        keys.index_copy_(1, layout.slot_mapping, key_states[0])  # [H, T, Dk] into [H, slots, Dk]
-        values.index_copy_(1, layout.slot_mapping, value_states[0])
-        past_keys = keys.index_select(1, layout.kv_index)  # [H, K, Dk]
-        past_values = values.index_select(1, layout.kv_index)  # [H, K, Dv]
+        self.write(key_states[0], value_states[0], layer_idx, layout.slot_mapping)
+        past_keys = self.keys[layer_idx].index_select(1, layout.kv_index)  # [H, K, Dk]
+        past_values = self.values[layer_idx].index_select(1, layout.kv_index)  # [H, K, Dv]
         return past_keys.unsqueeze(0), past_values.unsqueeze(0)
+
+    def write(self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, slots: torch.Tensor) -> None:
+        """keys [H, T, Dk] and values [H, T, Dv] of T new tokens into layer `layer_idx`'s pools at `slots` [T]."""
+        self.keys[layer_idx].index_copy_(1, slots, keys)
+        self.values[layer_idx].index_copy_(1, slots, values)
 
     # --- moving a sequence's KV between workers --------------------------------------------------
 

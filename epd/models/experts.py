@@ -145,7 +145,7 @@ def float32_decode_pairs(self) -> int | None:
     weight = self.gate_up_proj
     if weight.device.type != "cpu" or not _native_decode_layer(self, torch.float32):
         return None
-    return int(NATIVE_DECODE_PAIRS_PER_EXPERT_FLOAT32 * self.num_experts)
+    return int(_pairs_per_expert(torch.float32) * self.num_experts)
 
 
 def _library_only(self) -> bool:

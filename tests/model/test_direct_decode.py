@@ -57,10 +57,9 @@ def test_every_decode_step_equals_the_module_path(family, tiny_dirs):
     pipe.engine.run_to_completion(seqs)
     sizes = {decodes for decodes, _ in both.steps}
     assert all(equal for _, equal in both.steps), f"direct logits differ at steps of {sorted(sizes)} decodes"
-    experts = next(m for m in pipe.engine.language.model.modules() if hasattr(m, "gate_up_proj"))
     top_k = pipe.engine.language.config.get_text_config().num_experts_per_tok
     max_pairs = runner.direct.direct.layers[-1].mlp.experts.max_pairs
-    assert experts.num_experts and max(sizes) * top_k > max_pairs, "no step had more pairs than moe_decode takes"
+    assert max(sizes) * top_k > max_pairs, "no step had more pairs than moe_decode takes"
     assert min(sizes) <= 2 and max(sizes) > 16, f"decode batches {sorted(sizes)} miss a branch"
 
 

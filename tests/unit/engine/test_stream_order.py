@@ -1,9 +1,8 @@
-"""A sequence's outputs reach its reader in the engine's order, also when they start arriving while the
-reader still waits for the admission (the engine admitted, then stepped, between two looks)."""
+"""A sequence's outputs reach its reader in the engine's order, also when they are queued before the
+reader waits for the admission (the engine admitted, then stepped, before the reader looked), and a
+refusal reaches whoever reads."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 
@@ -18,12 +17,9 @@ def _stream() -> Stream:
 
 def test_outputs_queued_before_the_admission_is_seen_keep_their_order():
     stream = _stream()
-    for token in ("first", "second", "third"):  # stand-ins for StepOutputs, put before `admitted` is seen
+    stream.admit()
+    for token in ("first", "second", "third"):  # stand-ins for StepOutputs, queued before the reader waits
         stream.put(token)
-    # The engine admitted and stepped it just as the reader's first wait timed out: that wait says no,
-    # the next one yes.
-    answers = iter([False, True])
-    stream.admitted = SimpleNamespace(wait=lambda timeout: next(answers))
     stream.wait_admitted(2.0)
     assert [stream.get(1.0) for _ in range(3)] == ["first", "second", "third"]
     with pytest.raises(TimeoutError):
@@ -32,14 +28,15 @@ def test_outputs_queued_before_the_admission_is_seen_keep_their_order():
 
 def test_a_refusal_before_admission_is_raised():
     stream = _stream()
-    stream.put(ValueError("no room"))
+    stream.refuse(ValueError("no room"))
     with pytest.raises(ValueError, match="no room"):
         stream.wait_admitted(1.0)
+    assert not stream.admitted
 
 
 def test_an_admitted_stream_reads_its_queue_in_order():
     stream = _stream()
-    stream.admitted.set()
+    stream.admit()
     stream.wait_admitted(1.0)
     stream.put("a")
     stream.put("b")
