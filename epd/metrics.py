@@ -31,6 +31,10 @@ KV_BLOCKS_USED = Gauge("epd_kv_blocks_used", "KV cache blocks held by requests",
 KV_BLOCKS_TOTAL = Gauge("epd_kv_blocks_total", "KV cache blocks this worker can hold", ["role"])
 BATCH_SIZE = Histogram("epd_batch_size", "Sequences in one engine forward", ["role"],
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256))
+# Engine steps: a decode step of a tiny CPU model takes ~1 ms, a long prompt chunk of a big one seconds.
+STEP_SECONDS = Histogram("epd_step_seconds", "One engine step (schedule, forward, sampling), by role and kind: "
+                         "decode (one token a sequence) or prompt (prompt tokens among them)", ["role", "kind"],
+                         buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0))
 PACED_SECONDS = Counter("epd_decode_paced_seconds", "Time decode steps waited while other processes kept this "
                         "worker's CPUs busy (--decode-step-interval-ms)", ["role"])
 PREEMPTIONS = Counter("epd_scheduler_preemptions", "Sequences preempted (blocks freed, to be recomputed)", ["role"])

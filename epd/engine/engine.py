@@ -9,6 +9,7 @@ sequences from prompt to last token. Not thread-safe: `EngineLoop` owns it on on
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
@@ -169,6 +170,7 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """One forward over what the scheduler picks; returns each sequence's new token (if any)."""
+        started = time.perf_counter()
         out = self.scheduler.schedule()
         if not out.scheduled:
             return []
@@ -183,6 +185,7 @@ class Engine:
                 self.scheduler.finish(seq)
             outputs.append(StepOutput(seq, token, finish, kv))
         metrics.BATCH_SIZE.labels(self.role).observe(len(out.scheduled))
+        metrics.STEP_SECONDS.labels(self.role, out.kind).observe(time.perf_counter() - started)
         self._publish_gauges()
         return outputs
 

@@ -70,6 +70,12 @@ class SchedulerOutput:
         """The most tokens one sequence computes in this step: 1 when it only decodes, 0 when empty."""
         return max((s.num_new_tokens for s in self.scheduled), default=0)
 
+    @property
+    def kind(self) -> str:
+        """"prompt" when a sequence computes prompt tokens in this step (a chunk, or a preempted
+        sequence's recompute), else "decode": how steps are told apart in `epd_step_seconds`."""
+        return "prompt" if any(s.start < s.seq.num_prompt_tokens for s in self.scheduled) else "decode"
+
 
 class QueueFull(RuntimeError):
     """The waiting queue is at `max_waiting`."""

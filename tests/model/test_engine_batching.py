@@ -165,3 +165,26 @@ def test_random_arrivals_and_aborts_leak_no_block(tiny_dirs):
     assert finished >= 3
     assert pipe.engine.blocks.num_used_blocks == 0
     assert not pipe.engine.has_work and all(s.finish is Finish.CANCELLED for s in live)
+
+
+def test_every_step_is_timed_by_kind(tiny_dirs):
+    """`epd_step_seconds{role,kind}` counts each step once: a prompt's chunks as `prompt` (its last,
+    one-token chunk too), the rest as `decode`."""
+    count, text = _requests()[1]
+
+    def sequence(pipe):
+        prompt = render_prompt(pipe.tokenizer, [user_message(count, text)])
+        return pipe.sequence(prompt, _images(1), SamplingParams(max_tokens=5, ignore_eos=True))
+
+    prompt_len = sequence(_pipeline(tiny_dirs["kimi_k25"], num_blocks=256)).num_prompt_tokens
+    # Chunks of all but one token: the prompt's last chunk is one token, as a decode step's are.
+    pipe = _pipeline(tiny_dirs["kimi_k25"], num_blocks=256, block_size=4,
+                     scheduler=SchedulerConfig(max_batched_tokens=prompt_len, max_prefill_chunk=prompt_len - 1))
+
+    def counted(kind: str) -> float:
+        return REGISTRY.get_sample_value("epd_step_seconds_count", {"role": "in_process", "kind": kind}) or 0.0
+
+    before = {kind: counted(kind) for kind in ("prompt", "decode")}
+    pipe.engine.run_to_completion([sequence(pipe)])
+    assert counted("prompt") - before["prompt"] == 2
+    assert counted("decode") - before["decode"] == 4  # the first token comes with the prompt's last chunk

@@ -42,7 +42,8 @@ def test_dashboard_covers_each_area_of_the_issue():
     names = metric_names()
     for wanted in ["epd_requests_total", "epd_ttft_seconds_bucket", "epd_inter_token_seconds_bucket",
                    "epd_queue_depth", "epd_kv_blocks_used", "epd_kv_blocks_total", "epd_batch_size_bucket",
-                   "epd_scheduler_preemptions_total", "epd_transfer_bytes_total", "epd_workers"]:
+                   "epd_step_seconds_bucket", "epd_scheduler_preemptions_total", "epd_transfer_bytes_total",
+                   "epd_workers"]:
         assert wanted in names, wanted
 
 

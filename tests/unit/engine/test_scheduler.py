@@ -64,14 +64,28 @@ def test_the_token_budget_splits_prompts_across_steps():
         sched.add(seq(name, 8))
     out, _ = run_step(sched)
     assert plan(out) == [("a", 0, 8), ("b", 0, 4)]
-    assert (out.num_tokens, out.largest_chunk) == (12, 8)
+    assert (out.num_tokens, out.largest_chunk, out.kind) == (12, 8, "prompt")
     out, _ = run_step(sched)
     # decode-first: a decodes, b continues its prompt, c starts with what is left
     assert plan(out) == [("a", 8, 1), ("b", 4, 4), ("c", 0, 7)]
-    assert (out.num_tokens, out.largest_chunk) == (12, 7)
+    assert (out.num_tokens, out.largest_chunk, out.kind) == (12, 7, "prompt")
     out, _ = run_step(sched)
     assert plan(out) == [("a", 9, 1), ("b", 8, 1), ("c", 7, 1)]
-    assert (out.num_tokens, out.largest_chunk) == (3, 1)  # decodes only
+    # one token each, but c's is its prompt's last (the budget left it one short): a prompt step
+    assert (out.num_tokens, out.largest_chunk, out.kind) == (3, 1, "prompt")
+    out, _ = run_step(sched)
+    assert (out.num_tokens, out.largest_chunk, out.kind) == (3, 1, "decode")
+
+
+def test_a_one_token_prompt_chunk_makes_a_prompt_step_not_a_decode():
+    sched = make(max_prefill_chunk=4, max_batched_tokens=100)
+    sched.add(seq("a", 9))
+    kinds = []
+    for _ in range(4):
+        out, _ = run_step(sched)
+        kinds.append((plan(out)[0][2], out.largest_chunk, out.kind))
+    # the last chunk is one token, as a decode is, but it is the prompt's: kind says so
+    assert kinds == [(4, 4, "prompt"), (4, 4, "prompt"), (1, 1, "prompt"), (1, 1, "decode")]
 
 
 def test_decode_first_serves_decodes_before_a_continuing_prefill():
