@@ -32,6 +32,7 @@ class PrefillSegment:
     kv_start: int  # index of its context's first key in the packed keys
     kv_len: int  # context length: cached past + this chunk
     mask: torch.Tensor | None  # [q_len, kv_len] bool when the chunk has a past, else None (plain causal)
+    samples: bool = True  # its last token's logits are kept (the prompt's last chunk)
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class StepLayout:
     # Set when the decodes read this pool in place (the native kernel, epd.engine.native_kernels):
     # then kv_index holds only the prefills' contexts, and their kv_start count from 0.
     pool: PagedKVCache | None = None
+    # The layer whose attention computes only the rows whose logits are kept (epd.engine.last_layer).
+    sampled_only_layer: int | None = None
 
     def to(self, device: torch.device) -> StepLayout:
         """The same layout with every tensor on `device` (itself when they are there already, as on CPU)."""
@@ -58,10 +61,37 @@ class StepLayout:
         def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
             return None if tensor is None else tensor.to(device, non_blocking=True)
 
-        segments = tuple(PrefillSegment(s.q_start, s.q_len, s.kv_start, s.kv_len, move(s.mask)) for s in self.prefills)
+        segments = tuple(PrefillSegment(s.q_start, s.q_len, s.kv_start, s.kv_len, move(s.mask), s.samples)
+                         for s in self.prefills)
         return StepLayout(move(self.slot_mapping), move(self.kv_index), self.num_decodes, self.decode_kv_len,
                           move(self.decode_mask), segments, move(self.decode_slots), move(self.decode_lengths),
-                          self.pool)
+                          self.pool, self.sampled_only_layer)
+
+
+@dataclass(frozen=True)
+class ChunkQueries:
+    """The query rows of a prefill chunk that one layer computes, and how they attend."""
+
+    rows: slice  # into the packed row
+    mask: torch.Tensor | None  # [len(rows), kv_len] bool, or None
+    causal: bool  # without a mask: causal (queries at the start of the context) or all keys
+
+
+def chunk_queries(seg: PrefillSegment, layout: StepLayout, layer_idx: int | None) -> ChunkQueries | None:
+    """Every query row of the chunk, causal; or, in the layer that computes only sampled rows, the
+    chunk's last row, which sees its whole context, or none when the chunk does not sample (pure)."""
+    if layer_idx is None or layer_idx != layout.sampled_only_layer:
+        return ChunkQueries(slice(seg.q_start, seg.q_start + seg.q_len), seg.mask, True)
+    if not seg.samples:
+        return None
+    last = seg.q_start + seg.q_len - 1
+    return ChunkQueries(slice(last, last + 1), None, False)
+
+
+def clear_unread_rows(out: torch.Tensor, seg: PrefillSegment, chunk: ChunkQueries | None) -> None:
+    """Zero the chunk's rows of `out` ([T, H, Dv]) that this layer does not compute: nothing reads them."""
+    if chunk is None or chunk.rows.stop - chunk.rows.start < seg.q_len:
+        out[seg.q_start:seg.q_start + seg.q_len] = 0
 
 
 def causal_chunk_mask(q_len: int, kv_len: int) -> torch.Tensor:
@@ -89,18 +119,23 @@ def paged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch
         out[:n] = decode_attention(query[0, :, :n], key[0, :, :n * layout.decode_kv_len],
                                    value[0, :, :n * layout.decode_kv_len], layout, scaling)
     for seg in layout.prefills:
-        q = query[:, :, seg.q_start:seg.q_start + seg.q_len]  # [1, Hq, q, Dk]
+        chunk = chunk_queries(seg, layout, getattr(module, "layer_idx", None))
+        clear_unread_rows(out, seg, chunk)
+        if chunk is None:
+            continue
+        q = query[:, :, chunk.rows]  # [1, Hq, q, Dk]
         k = key[:, :, seg.kv_start:seg.kv_start + seg.kv_len]  # [1, Hk, kv, Dk]
         v = value[:, :, seg.kv_start:seg.kv_start + seg.kv_len]  # [1, Hk, kv, Dv]
-        o = prefill_attention(q, k, v, seg.mask, scaling, gqa)  # [1, Hq, q, Dv]
-        out[seg.q_start:seg.q_start + seg.q_len] = o[0].transpose(0, 1)
+        o = prefill_attention(q, k, v, chunk.mask, scaling, gqa, chunk.causal)  # [1, Hq, q, Dv]
+        out[chunk.rows] = o[0].transpose(0, 1)
     return out.unsqueeze(0), None
 
 
 def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
-                      scaling: float | None, gqa: bool = False) -> torch.Tensor:
-    """Causal SDPA of one chunk: query [..., Hq, q, Dk], key [..., Hk, kv, Dk], value [..., Hk, kv, Dv]
-    -> [..., Hq, q, Dv]; `mask` [q, kv] bool (True = attend) when the chunk has a past, else None.
+                      scaling: float | None, gqa: bool = False, causal: bool = True) -> torch.Tensor:
+    """SDPA of one chunk: query [..., Hq, q, Dk], key [..., Hk, kv, Dk], value [..., Hk, kv, Dv]
+    -> [..., Hq, q, Dv]; `mask` [q, kv] bool (True = attend) when the chunk has a past, else None:
+    causal, or (`causal` False) every query sees every key, as a chunk's last row does.
 
     SDPA's flash kernel on CPU needs Dv == Dk and otherwise falls back to the math path, which
     materialises every score and mask (MLA's 64-wide values against 96-wide keys: a 337-token
@@ -111,7 +146,7 @@ def prefill_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     v_dim = value.shape[-1]
     if v_dim < key.shape[-1]:
         value = F.pad(value, (0, key.shape[-1] - v_dim))
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None,
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=causal and mask is None,
                                          scale=scaling, enable_gqa=gqa)
     return out[..., :v_dim]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from epd import metrics
-from epd.engine import attention, decode_linear, fused_norm, mla, onednn_linear, ungrouped_router
+from epd.engine import attention, decode_linear, fused_norm, last_layer, mla, onednn_linear, ungrouped_router
 from epd.engine.block_manager import BlockManager
 from epd.engine.direct_decode import DirectDecode, NotDirect
 from epd.engine.encode import EncodedImage
@@ -46,6 +46,7 @@ class EngineConfig:
     absorb_latent_attention: bool = True  # MLA families: attention over the cached latents (see mla.py)
     kernels: str = "auto"  # auto | native | torch: our C++ kernels or torch's (epd.engine.native_kernels)
     direct_decode: bool = True  # decode-only steps through epd.engine.direct_decode, where it applies
+    sampled_rows_only: bool = True  # prompt steps' last layer only for the sampled rows (epd.engine.last_layer)
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -102,6 +103,8 @@ class Engine:
             experts.install_native(language.model, onednn)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         self.runner.direct = self._direct_decode(native)
+        if config.sampled_rows_only:
+            self.runner.sampled_only_layer = last_layer.install_last(language.model)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
         self.step_threads: Callable[[int, int], int] | None = None
         self._preemptions_seen = 0

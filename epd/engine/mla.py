@@ -73,10 +73,13 @@ def paged_mla_forward(self, hidden_states: torch.Tensor, position_embeddings, at
         past = None if layout.pool is not None else (latent[0, :, :gathered], k_rot[0, :, :gathered])
         out[:n] = absorbed_decodes(self, q_nope[0, :, :n], q_rot[0, :, :n], past, layout)
     for seg in layout.prefills:
+        chunk = attention.chunk_queries(seg, layout, self.layer_idx)
+        attention.clear_unread_rows(out, seg, chunk)
+        if chunk is None:
+            continue
         kv = slice(seg.kv_start, seg.kv_start + seg.kv_len)
-        rows = slice(seg.q_start, seg.q_start + seg.q_len)
-        out[rows] = _expanded_prefill(self, q_nope[0, :, rows], q_rot[0, :, rows], latent[0, 0, kv], k_rot[0, 0, kv],
-                                      seg.mask)
+        out[chunk.rows] = _expanded_prefill(self, q_nope[0, :, chunk.rows], q_rot[0, :, chunk.rows], latent[0, 0, kv],
+                                            k_rot[0, 0, kv], chunk.mask, chunk.causal)
     return self.o_proj(out.reshape(batch, length, heads * v_dim)), None
 
 
@@ -98,16 +101,17 @@ def absorbed_decodes(self, q_nope, q_rot, past: tuple[torch.Tensor, torch.Tensor
     return torch.matmul(mixed.transpose(0, 1), weight[:, nope:].transpose(1, 2)).transpose(0, 1)  # [n, H, Dv]
 
 
-def _expanded_prefill(self, q_nope, q_rot, latent, k_rot, mask) -> torch.Tensor:
+def _expanded_prefill(self, q_nope, q_rot, latent, k_rot, mask, causal: bool = True) -> torch.Tensor:
     """One chunk: q_nope [H, q, Dn], q_rot [H, q, Dr], its context's latent [kv, R] and k_rot [kv, Dr]
-    -> [q, H, Dv]; `mask` [q, kv] bool when the chunk has a past, else None (plain causal)."""
+    -> [q, H, Dv]; `mask` [q, kv] bool when the chunk has a past, else None (`causal`, or every key:
+    see attention.prefill_attention)."""
     heads, nope, rope, v_dim = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
     length = latent.shape[0]
     expanded = self.kv_b_proj(latent).view(length, heads, nope + v_dim).transpose(0, 1)  # [H, kv, Dn + Dv]
     k_nope, value = torch.split(expanded, [nope, v_dim], dim=-1)
     key = torch.cat([k_nope, k_rot.expand(heads, length, rope)], dim=-1)  # [H, kv, Dn + Dr]
     query = torch.cat([q_nope, q_rot], dim=-1)  # [H, q, Dn + Dr]
-    out = prefill_attention(query, key, value, mask, self.scaling)  # [H, q, Dv]
+    out = prefill_attention(query, key, value, mask, self.scaling, causal=causal)  # [H, q, Dv]
     return out.transpose(0, 1)
 
 

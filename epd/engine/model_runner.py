@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from epd.engine import onednn_linear
+from epd.engine import last_layer, onednn_linear
 from epd.engine.attention import PrefillSegment, StepLayout, causal_chunk_mask
 from epd.engine.direct_decode import DirectDecode
 from epd.engine.paged_cache import NamedTensors, PagedKVCache
@@ -108,6 +108,7 @@ class ModelRunner:
         self.decode_in_place = decode_in_place  # decodes read the pool with the native kernel (no gather)
         self.decode_length_step = decode_length_step(cache.keys[0].dtype, cache.device)
         self.direct: DirectDecode | None = None  # decode-only steps' forward, where the engine built one
+        self.sampled_only_layer: int | None = None  # prompt steps compute only kept rows here (last_layer)
 
     @torch.inference_mode()
     def execute(self, scheduled: list[Scheduled]) -> dict[int, int]:
@@ -128,8 +129,10 @@ class ModelRunner:
             if self._direct(layout, batch):
                 logits = self.direct(input_ids, position_ids, self.cache, layout, keep)
             else:
-                logits = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache, use_cache=True,
-                                    mm_encoder_outputs=mm, logits_to_keep=keep, epd_layout=layout).logits
+                with last_layer.kept_rows(keep if layout.sampled_only_layer is not None else None):
+                    logits = self.model(input_ids=input_ids, position_ids=position_ids, cache=self.cache,
+                                        use_cache=True, mm_encoder_outputs=mm, logits_to_keep=keep,
+                                        epd_layout=layout).logits
         return sample_rows(logits[0].float(), batch.samplers)  # logits [n_keep, V], sampled in float32
 
     def _direct(self, layout: StepLayout, batch: _Batch) -> bool:
@@ -195,13 +198,14 @@ class ModelRunner:
         for item, context in zip(items[n:], batch.contexts, strict=True):
             q_len, kv_len = item.num_new_tokens, len(context)
             chunk_mask = None if q_len == kv_len else causal_chunk_mask(q_len, kv_len)
-            segments.append(PrefillSegment(q_start, q_len, kv_start, kv_len, chunk_mask))
+            segments.append(PrefillSegment(q_start, q_len, kv_start, kv_len, chunk_mask, item.samples))
             kv.append(context)
             q_start, kv_start = q_start + q_len, kv_start + kv_len
         return StepLayout(slot_mapping=torch.cat(slots + batch.slots),
                           kv_index=torch.cat(kv) if kv else torch.empty(0, dtype=torch.long), num_decodes=n,
                           decode_kv_len=length, decode_mask=mask, prefills=tuple(segments), decode_slots=contexts,
-                          decode_lengths=lengths, pool=self.cache if in_place else None)
+                          decode_lengths=lengths, pool=self.cache if in_place else None,
+                          sampled_only_layer=self.sampled_only_layer if segments else None)
 
 
 def sample_rows(logits: torch.Tensor, samplers: list[tuple[Sequence, Sampler]]) -> dict[int, int]:

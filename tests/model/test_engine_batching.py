@@ -188,3 +188,19 @@ def test_every_step_is_timed_by_kind(tiny_dirs):
     pipe.engine.run_to_completion([sequence(pipe)])
     assert counted("prompt") - before["prompt"] == 2
     assert counted("decode") - before["decode"] == 4  # the first token comes with the prompt's last chunk
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_last_layer_for_sampled_rows_only_gives_the_same_tokens(family, tiny_dirs):
+    """Chunked prompts (chunks that do not sample skip the last layer's attention and MLP), decodes
+    beside them: the same tokens as the engine computing every row, and as `generate`."""
+    chunked = SchedulerConfig(max_batched_tokens=20, max_prefill_chunk=7)
+    pruned = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, scheduler=chunked)
+    every = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4, scheduler=chunked, sampled_rows_only=False)
+    layers = pruned.engine.language.config.get_text_config().num_hidden_layers
+    assert (pruned.engine.runner.sampled_only_layer, every.engine.runner.sampled_only_layer) == (layers - 1, None)
+    order = [5, 1, 3]
+    got = {name: _run_staggered(pipe, order=order, every=2) for name, pipe in (("pruned", pruned), ("every", every))}
+    assert got["pruned"] == got["every"]
+    for index in order:
+        assert got["pruned"][index] == list(_reference(tiny_dirs[family], index)), f"request {index} differs"

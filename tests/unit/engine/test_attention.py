@@ -88,3 +88,46 @@ def test_decodes_read_in_place_equal_decodes_read_from_a_gather():
         out[name], _ = paged_attention(SimpleNamespace(layer_idx=0), query, keys, values, None, epd_layout=layout)
     assert out["in place"].shape == (1, 7, 4, 16)
     torch.testing.assert_close(out["in place"], out["gathered"], atol=1e-5, rtol=1e-5)
+
+
+def _segment(samples: bool):
+    from epd.engine.attention import PrefillSegment
+
+    return PrefillSegment(q_start=3, q_len=4, kv_start=30, kv_len=7, mask=causal_chunk_mask(4, 7), samples=samples)
+
+
+def test_chunk_queries_are_every_row_except_in_the_sampled_only_layer():
+    from epd.engine.attention import StepLayout, chunk_queries
+
+    empty = torch.empty(0, dtype=torch.long)
+    layout = StepLayout(empty, empty, 0, 0, None, (), sampled_only_layer=5)
+    for layer in (None, 0, 4):
+        every = chunk_queries(_segment(True), layout, layer)
+        assert every.rows == slice(3, 7) and every.causal and torch.equal(every.mask, causal_chunk_mask(4, 7))
+    last = chunk_queries(_segment(True), layout, 5)
+    assert (last.rows, last.mask, last.causal) == (slice(6, 7), None, False)  # the last row sees all 7 keys
+    assert chunk_queries(_segment(False), layout, 5) is None  # a chunk that does not sample: no row read
+
+
+def test_the_sampled_only_layer_computes_the_decodes_and_each_sampling_chunks_last_row():
+    """One step of two decodes and two chunks (the first samples, the second does not), through
+    paged_attention twice: every row, and as the last layer (rows read: the decodes, the first chunk's
+    last row). Those rows equal the full layer's; the rest are zeros."""
+    from types import SimpleNamespace
+
+    from epd.engine.attention import PrefillSegment, StepLayout, paged_attention
+
+    torch.manual_seed(3)
+    # keys: two decodes with padded contexts of 5, then chunk A (past 2 + 3 new), then chunk B (4, no past)
+    decode_mask = torch.tensor([[True] * 5, [True] * 3 + [False] * 2]).unsqueeze(1)  # [2, 1, 5]
+    segments = (PrefillSegment(2, 3, 10, 5, causal_chunk_mask(3, 5), samples=True),
+                PrefillSegment(5, 4, 15, 4, None, samples=False))
+    query, key, value = torch.randn(1, 4, 9, 16), torch.randn(1, 2, 19, 16), torch.randn(1, 2, 19, 8)
+    empty = torch.empty(0, dtype=torch.long)
+    out = {}
+    for name, layer in (("every row", None), ("sampled only", 1)):
+        layout = StepLayout(empty, empty, 2, 5, decode_mask, segments, sampled_only_layer=layer)
+        out[name], _ = paged_attention(SimpleNamespace(layer_idx=1), query, key, value, None, epd_layout=layout)
+    read = [0, 1, 4]
+    torch.testing.assert_close(out["sampled only"][0, read], out["every row"][0, read], atol=1e-6, rtol=1e-6)
+    assert out["sampled only"][0, [2, 3, 5, 6, 7, 8]].abs().max() == 0
