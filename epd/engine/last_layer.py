@@ -21,25 +21,19 @@ differ between batches of other sizes and from `generate`'s MKL products. Greedy
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 
-_kept = threading.local()
+from epd.thread_setting import ThreadSetting
+
+_kept: ThreadSetting[torch.Tensor | None] = ThreadSetting(None)
 
 
-@contextmanager
-def kept_rows(rows: torch.Tensor | None) -> Iterator[None]:
+def kept_rows(rows: torch.Tensor | None) -> AbstractContextManager[None]:
     """While the calling thread runs a forward: the packed rows ([n] long) whose last-layer output is
     read, or None (every row)."""
-    previous = getattr(_kept, "rows", None)
-    _kept.rows = rows
-    try:
-        yield
-    finally:
-        _kept.rows = previous
+    return _kept.set(rows)
 
 
 def install_last(model: torch.nn.Module) -> int | None:
@@ -64,7 +58,7 @@ def install(mlp: torch.nn.Module) -> None:
     inner = mlp.forward
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        rows = getattr(_kept, "rows", None)
+        rows = _kept.get()
         if rows is None:
             return inner(hidden)
         out = torch.zeros_like(hidden)  # [1, T, H]

@@ -28,15 +28,14 @@ from __future__ import annotations
 import functools
 import logging
 import platform
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import torch
 import torch.nn.functional as F
 
 from epd.models.rerouting import reroute
 from epd.models.shape_buckets import bucket_rows, padded_product
+from epd.thread_setting import ThreadSetting
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +63,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
                           lambda flat: torch.ops.mkldnn._linear_pointwise(flat, weight, bias, "none", [], ""))
 
 
-_step = threading.local()
+_decoding: ThreadSetting[bool] = ThreadSetting(False)
 
 
-@contextmanager
-def decode_step(active: bool) -> Iterator[None]:
+def decode_step(active: bool) -> AbstractContextManager[None]:
     """Marks the calling thread's forward as a decode-only step (`active`), whose products past the
     native kernels' rows stay with MKL as they did before oneDNN took prompt products: a CI run of 64
     concurrent tiny-model streams once parted from `generate` at a decode token with them in oneDNN."""
-    previous = getattr(_step, "decoding", False)
-    _step.decoding = active
-    try:
-        yield
-    finally:
-        _step.decoding = previous
+    return _decoding.set(active)
 
 
 def decoding() -> bool:
     """Whether the calling thread is inside a decode-only step (`decode_step(True)`)."""
-    return getattr(_step, "decoding", False)
+    return _decoding.get()
 
 
 def encoder_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
