@@ -1,8 +1,10 @@
 """A bounded thread pool for the router's CPU work, so the event loop only ever waits on I/O.
 
-JSON parsing, base64 decoding, image decoding, the chat template, tokenization and per-token
-detokenization are each milliseconds (a 20 MB body: hundreds). On the event loop they stall every
-other stream's tokens and every health check; here they run on `threads` threads. The queue in
+JSON parsing, base64 decoding, image decoding, the chat template, tokenization and the
+detokenization of many tokens at once are each milliseconds (a 20 MB body: hundreds). On the event
+loop they stall every other stream's tokens and every health check; here they run on `threads`
+threads. Work of microseconds stays on the loop, where a hop here would cost more than the work
+(router.completion.INLINE_TOKENS: a streamed token's detokenization). The queue in
 front of them is bounded by the router's admission limit (each admitted request has at most a few
 items waiting), so it needs no bound of its own.
 """

@@ -198,3 +198,36 @@ def test_closing_the_completion_early_closes_the_orchestrator(tokenizer):
     assert first == Delta(tokenizer.decode(ids[:1]), ids[:1])
     assert fake.closed is True
     assert fake.yielded == 1
+
+
+def test_only_events_of_many_tokens_are_detokenized_on_the_pool(tokenizer):
+    """A one-token event costs microseconds to detokenize and far more to hand to a thread and back:
+    it stays on the event loop; an event past INLINE_TOKENS goes to the pool. The text is the same."""
+    from router.completion import INLINE_TOKENS
+    from router.offload import Offload
+
+    class CountingOffload(Offload):
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.sizes: list[int] = []
+
+        async def run(self, fn, *args, **kwargs):
+            self.sizes.append(len(args[2]))  # _advance(detok, matcher, token_ids, finish_reason)
+            return await super().run(fn, *args, **kwargs)
+
+    ids = tokenizer("one two three four five six seven eight nine ten eleven twelve")["input_ids"]
+    many = INLINE_TOKENS + 1
+    ids = (ids * (many // len(ids) + 2))[:many + 3]
+    events = events_for(ids, [1, 1, many, 1], "length")
+    offload = CountingOffload()
+
+    async def main():
+        return [item async for item in stream_completion(FakeOrchestrator(events), tokenizer, JOB, (), offload)]
+
+    try:
+        items = asyncio.run(main())
+    finally:
+        offload.close()
+    assert offload.sizes == [many]
+    deltas, _ = collect(FakeOrchestrator(events), tokenizer)  # no pool at all
+    assert "".join(d.text for d in items[:-1]) == "".join(d.text for d in deltas) == tokenizer.decode(ids)
