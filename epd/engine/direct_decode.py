@@ -51,8 +51,10 @@ def _kernel(name: str):
 
 
 def _forward_of(module: torch.nn.Module):
-    """The function bound as `module.forward`: ours after a reroute, else the class's."""
-    return module.forward.__func__
+    """The function bound as `module.forward` (ours after a reroute, else the class's), or None where
+    the forward is not a bound method (a wrapper such as epd.engine.last_layer's): then no part
+    matches it, and the build says NotDirect rather than failing."""
+    return getattr(module.forward, "__func__", None)
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,7 @@ class Engine:
             experts.install_native(language.model, onednn)
         self.runner = ModelRunner(language, self.cache, decode_in_place=native)
         self.runner.direct = self._direct_decode(native)
+        # After the direct forward is built: it reads the layers' own forwards, which this wraps.
         if config.sampled_rows_only:
             self.runner.sampled_only_layer = last_layer.install_last(language.model)
         # OpenMP threads per step, by its tokens and its largest prompt chunk (epd.threads.StepThreads)
