@@ -204,3 +204,26 @@ def test_the_last_layer_for_sampled_rows_only_gives_the_same_tokens(family, tiny
     assert got["pruned"] == got["every"]
     for index in order:
         assert got["pruned"][index] == list(_reference(tiny_dirs[family], index)), f"request {index} differs"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prompt_steps_last_layer_mlp_sees_only_the_sampled_row(family, tiny_dirs):
+    """The engine sets the kept rows for its prompt steps: the last layer's MoE routes the prompt's
+    last token alone, the first layer's MLP gets every token (equal tokens alone would not show a
+    pruning that never ran)."""
+    pipe = _pipeline(tiny_dirs[family], num_blocks=256, block_size=4)
+    layers = pipe.engine.language.model.model.language_model.layers
+    last = pipe.engine.runner.sampled_only_layer
+    seen: dict[str, list[int]] = {"first": [], "last": []}
+    # The last MLP's forward is the wrapper; its router (inside) sees the rows the wrapper hands on.
+    watched = {"first": layers[0].mlp, "last": layers[last].mlp.gate}
+    hooks = [module.register_forward_pre_hook(lambda _, args, name=name: seen[name].append(
+                 args[0].numel() // args[0].shape[-1])) for name, module in watched.items()]
+    try:
+        seq = _sequence(pipe, 1)
+        pipe.engine.add(seq)
+        pipe.engine.step()  # the whole prompt in one step
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert seen == {"first": [seq.num_prompt_tokens], "last": [1]}
